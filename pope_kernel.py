@@ -109,3 +109,14 @@ def pope_attention(q, k, v, delta, *, causal=True, sm_scale=None, base=10000.0,
     available, else to the reference."""
     return pope_attention_reference(q, k, v, delta, causal=causal, sm_scale=sm_scale,
                                     base=base, q_offset=q_offset, k_is_mu=k_is_mu)
+
+
+class PopeKernelUnsupported(ValueError):
+    """Raised by pope_attention for input the Triton kernel does not support."""
+
+
+def kernel_unsupported_reason(q, k, v, delta):
+    """None if the Triton kernel can run on these inputs, else why not (a sentence
+    that names what is supported). model.py's attn_impl="auto" uses this to fall
+    back to the reference with one warning."""
+    return "the fused Triton kernel is not built yet"
