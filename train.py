@@ -50,7 +50,7 @@ eval_only = False  # evaluate and exit (with init_from="resume": a checkpoint)
 eval_full = False  # eval over the whole split (every row / window) instead of eval_iters batches
 eval_splits = "train,val"  # comma-separated splits for the eval
 always_save_checkpoint = True  # else only when val loss improves
-init_from = "scratch"  # "scratch" | "resume" (from out_dir/ckpt.pt)
+init_from = "scratch"  # "scratch" | "resume" (out_dir/ckpt.pt) | path/to/ckpt.pt (weights only: fine-tuning)
 seed = 1337
 # data
 dataset = "openwebtext"
@@ -320,8 +320,19 @@ def main(argv):
             if k not in ("attn_impl", "dropout", "rope_scaling", "rope_scaling_orig_len"):
                 model_args[k] = ckpt["model_args"][k]
         iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+    elif cfg["init_from"].endswith(".pt"):
+        # fine-tuning: weights from another run; fresh optimizer and iteration count. The context
+        # (block_size) and YaRN may change; YaRN's original length defaults to the source's context.
+        if not os.path.isfile(cfg["init_from"]):
+            sys.exit(f"error: init_from checkpoint {cfg['init_from']} does not exist")
+        ckpt = torch.load(cfg["init_from"], map_location="cpu", weights_only=False)
+        for k in ("n_layer", "n_head", "n_embd", "bias", "pos_emb", "pope_base", "rope_base"):
+            model_args[k] = ckpt["model_args"][k]
+        if model_args["rope_scaling_orig_len"] == 0 and model_args["rope_scaling"] > 1.0:
+            model_args["rope_scaling_orig_len"] = ckpt["model_args"]["block_size"]
+        ckpt = {"model": ckpt["model"]}
     elif cfg["init_from"] != "scratch":
-        sys.exit(f"error: init_from must be 'scratch' or 'resume', got {cfg['init_from']!r}")
+        sys.exit(f"error: init_from must be 'scratch', 'resume' or a path to a .pt checkpoint, got {cfg['init_from']!r}")
     torch.manual_seed(cfg["seed"] + rank)
     model = GPT(GPTConfig(**model_args))
     if ckpt is not None:
@@ -341,7 +352,7 @@ def main(argv):
         model = torch.compile(model)
     if ddp:
         model = DDP(model, device_ids=[int(dev.split(":")[1])] if device_type == "cuda" else None)
-    if ckpt is not None:  # RNG states last, so nothing above consumes from them
+    if ckpt is not None and "rng" in ckpt:  # RNG states last, so nothing above consumes from them
         rng = {k: v[rank % len(v)] if v else None for k, v in ckpt["rng"].items()}  # one state per rank
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
