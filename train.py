@@ -142,9 +142,10 @@ def configure(argv, defaults):
 class Data:
     """Token memmaps of one dataset, with optional loss masks and fixed rows.
 
-    Training batches are drawn from a generator seeded by (seed, rank, iter,
+    Training batches are drawn from a generator seeded by (seed, iter, global
     micro-step), so the sampler's whole state is the iteration number: a resumed
-    run draws exactly the batches the uninterrupted run would have."""
+    run draws exactly the batches the uninterrupted run would have, and N DDP
+    ranks together draw exactly the global batch of one process."""
 
     def __init__(self, data_dir, block_size):
         meta_path = os.path.join(data_dir, "meta.json")
@@ -204,7 +205,7 @@ class Data:
 
 
 def make_gen(*key):
-    """A torch.Generator seeded from a tuple of ints (seed, rank, iter, micro)."""
+    """A torch.Generator seeded from a tuple of ints, e.g. (seed, iter, micro)."""
     g = torch.Generator()
     g.manual_seed(int(np.random.SeedSequence(list(key)).generate_state(1, np.uint64)[0] >> 1))
     return g
@@ -418,8 +419,9 @@ def main(argv):
             break
 
         # one optimizer step over accum micro-batches; DDP syncs grads on the last one only
+        loss_acc = torch.zeros((), device=dev)
         for micro in range(accum):
-            gen = make_gen(cfg["seed"], rank, iter_num, micro)
+            gen = make_gen(cfg["seed"], iter_num, rank * accum + micro)
             x, y, m = data.batch("train", data.starts("train", cfg["batch_size"], gen), dev)
             sync = (not ddp) or micro == accum - 1
             with (nullcontext() if sync else model.no_sync()):
@@ -427,6 +429,7 @@ def main(argv):
                     _, loss = model(x, y, m)
                     loss = loss / accum
                 scaler.scale(loss).backward()
+            loss_acc += loss.detach()
         if cfg["grad_clip"] > 0:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
@@ -435,7 +438,10 @@ def main(argv):
         optimizer.zero_grad(set_to_none=True)
 
         if iter_num % cfg["log_interval"] == 0:
-            lossf = loss.item() * accum  # the last micro-batch's loss; .item() syncs the GPU
+            if ddp:  # every rank joins: the logged loss is the mean over the global batch
+                dist.all_reduce(loss_acc)  # a sum: gloo has no AVG
+                loss_acc /= world
+            lossf = loss_acc.item()  # syncs the GPU
             t1 = time.time()
             dt_iter = (t1 - t0) / (iter_num - it0 + 1)
             t0, it0 = t1, iter_num + 1

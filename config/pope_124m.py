@@ -1,0 +1,24 @@
+# PoPE GPT-124M on OpenWebText, the paper's setup (arXiv 2509.10534): 12 layers,
+# 12 heads of dim 64, RMSNorm, batch 64 x 1024 tokens, AdamW 6e-4 -> 6e-5 cosine
+# over 100k iterations with 1k warmup, weight decay 0.01, beta2 0.95, clip 1.0,
+# no dropout. The paper reports validation perplexity 21.33 (RoPE: 21.55).
+# Data: python prepare/openwebtext.py
+# Usage: python train.py config/pope_124m.py
+#        torchrun --standalone --nproc_per_node=8 train.py config/pope_124m.py
+out_dir = "out-pope-124m"
+dataset = "openwebtext"
+pos_emb = "pope"
+pope_delta_init = "zero"
+n_layer, n_head, n_embd = 12, 12, 768
+block_size = 1024
+batch_size = 16
+gradient_accumulation_steps = 4  # 16 x 4 = 64 sequences per step (split over DDP ranks)
+learning_rate, min_lr = 6e-4, 6e-5
+max_iters = lr_decay_iters = 100000
+warmup_iters = 1000
+weight_decay = 0.01
+beta1, beta2 = 0.9, 0.95
+grad_clip = 1.0
+dropout = 0.0
+eval_interval, eval_iters, log_interval = 1000, 200, 10
+compile = True

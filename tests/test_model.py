@@ -1,0 +1,176 @@
+"""PoPE/RoPE attention against float64 references written from the formulas,
+relative-position invariance, causality, KV-cache generation, optimizer groups."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig, apply_rope, yarn_inv_freq
+from pope_kernel import pope_attention_reference, pope_cartesian
+
+
+def pope_loop_f64(q, k, v, delta, causal, q_offset, base=10000.0, k_is_mu=False):
+    """a_ts = (1/sqrt(D)) sum_c mu_q mu_k cos((s - t) theta_c + delta_c), one (t, s) at a time."""
+    q, k, v, delta = (x.double() for x in (q, k, v, delta))
+    B, H, Tq, D = q.shape
+    Tk = k.size(2)
+    theta = torch.tensor([base ** (-c / D) for c in range(D)], dtype=torch.float64)
+    d = delta.clamp(-2 * math.pi, 0.0)
+    mq = F.softplus(q)
+    mk = k if k_is_mu else F.softplus(k)
+    out = torch.zeros(B, H, Tq, D, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            for i in range(Tq):
+                t = q_offset + i
+                scores = []
+                for s in range(Tk):
+                    if causal and s > t:
+                        scores.append(-math.inf)
+                        continue
+                    a = (mq[b, h, i] * mk[b, h, s] * torch.cos((s - t) * theta + d[h])).sum() / math.sqrt(D)
+                    scores.append(a.item())
+                p = torch.softmax(torch.tensor(scores, dtype=torch.float64), 0)
+                out[b, h, i] = p @ v[b, h]
+    return out
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("Tq,Tk,q_offset,causal", [(7, 7, 0, True), (3, 9, 6, True), (1, 5, 4, True),
+                                                   (2, 6, 1, True), (5, 8, 0, False)])
+def test_pope_reference_matches_loop(Tq, Tk, q_offset, causal):
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    B, H, D = 2, 2, 8
+    q, k, v = (torch.randn(B, H, T, D, generator=g) for T in (Tq, Tk, Tk))
+    delta = torch.empty(H, D).uniform_(-8.0, 2.0, generator=g)  # partly outside [-2pi, 0]: clamped
+    ref = pope_loop_f64(q, k, v, delta, causal, q_offset)
+    out64 = pope_attention_reference(q.double(), k.double(), v.double(), delta.double(),
+                                     causal=causal, q_offset=q_offset)
+    assert rel_err(out64, ref) < 1e-12
+    out32 = pope_attention_reference(q, k, v, delta, causal=causal, q_offset=q_offset)
+    assert out32.dtype == torch.float32 and rel_err(out32, ref) < 1e-5
+    # k given as magnitudes (what the KV cache stores)
+    outmu = pope_attention_reference(q, F.softplus(k), v, delta, causal=causal, q_offset=q_offset, k_is_mu=True)
+    assert rel_err(outmu, ref) < 1e-5
+
+
+def test_pope_reference_gradients():
+    B, H, T, D = 1, 2, 5, 4
+    q, k, v = (torch.randn(B, H, T, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    delta = torch.empty(H, D, dtype=torch.float64).uniform_(-6.0, -0.3).requires_grad_()
+    torch.autograd.gradcheck(lambda *a: pope_attention_reference(*a, q_offset=0), (q, k, v, delta))
+
+
+def test_pope_frequencies_and_shapes():
+    # D frequencies base^(-c/D), not RoPE's D/2: the phase of component c at position 1 is theta_c
+    D = 6
+    x = torch.zeros(1, 1, 2, D)  # softplus(0) = ln 2
+    c = pope_cartesian(x, torch.tensor([0, 1]))
+    assert c.shape == (1, 1, 2, 2 * D)
+    theta = torch.tensor([10000.0 ** (-i / D) for i in range(D)])
+    torch.testing.assert_close(c[0, 0, 1, :D], math.log(2) * torch.cos(theta))
+    torch.testing.assert_close(c[0, 0, 1, D:], math.log(2) * torch.sin(theta))
+
+
+def test_rope_matches_complex_rotation():
+    B, H, T, D = 2, 3, 6, 8
+    x = torch.randn(B, H, T, D, dtype=torch.float64)
+    inv_freq = torch.tensor([10000.0 ** (-2 * i / D) for i in range(D // 2)], dtype=torch.float64)
+    out = apply_rope(x, inv_freq.float(), pos0=3)
+    # textbook: pair (x_i, x_{i+D/2}) as a complex number, multiplied by e^{i t theta_i}
+    z = torch.complex(x[..., : D // 2], x[..., D // 2:])
+    t = torch.arange(3, 3 + T, dtype=torch.float64)
+    z = z * torch.exp(1j * t[:, None] * inv_freq[None, :])
+    ref = torch.cat([z.real, z.imag], -1)
+    assert (out - ref).abs().max().item() < 1e-5  # positions/angles in float32
+
+
+def test_relative_position_only():
+    """Shifting every position by the same constant leaves the attention unchanged."""
+    B, H, T, D = 1, 2, 6, 8
+    q, k, v = (torch.randn(B, H, T, D, dtype=torch.float64) for _ in range(3))
+    delta = torch.empty(H, D, dtype=torch.float64).uniform_(-2 * math.pi, 0)
+    for shift in (5, 123):
+        pos = torch.arange(T)
+        qc = pope_cartesian(q, pos + shift)
+        kc = pope_cartesian(k, pos + shift, delta)
+        shifted = F.scaled_dot_product_attention(qc, kc, v, is_causal=True, scale=1 / math.sqrt(D))
+        assert rel_err(shifted, pope_attention_reference(q, k, v, delta)) < 1e-10
+        inv = yarn_inv_freq(D, 10000.0, 1.0, 1024)[0].double()
+        r0 = F.scaled_dot_product_attention(apply_rope(q, inv), apply_rope(k, inv), v, is_causal=True)
+        r1 = F.scaled_dot_product_attention(apply_rope(q, inv, shift), apply_rope(k, inv, shift), v, is_causal=True)
+        assert rel_err(r1, r0) < 1e-5
+
+
+def tiny(pos_emb, **kw):
+    cfg = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=37, pos_emb=pos_emb,
+               pope_delta_init="uniform", attn_impl="torch")
+    cfg.update(kw)
+    return GPT(GPTConfig(**cfg)).double().eval()
+
+
+@pytest.mark.parametrize("pos_emb", ["pope", "rope", "none"])
+def test_causality(pos_emb):
+    model = tiny(pos_emb)
+    idx = torch.randint(0, 37, (2, 12))
+    logits, _ = model(idx, idx)
+    for t in (0, 5, 10):
+        idx2 = idx.clone()
+        idx2[:, t + 1] = (idx2[:, t + 1] + 1) % 37
+        logits2, _ = model(idx2, idx2)
+        assert torch.equal(logits[:, : t + 1], logits2[:, : t + 1])
+        assert not torch.allclose(logits[:, t + 1], logits2[:, t + 1])
+
+
+@pytest.mark.parametrize("pos_emb", ["pope", "rope", "none"])
+def test_kv_cache_generation_equals_recompute(pos_emb):
+    model = tiny(pos_emb)
+    idx = torch.randint(0, 37, (3, 5))
+    out = model.generate(idx, 20, top_k=1)  # crosses block_size=16: the context gets cropped
+    ref = idx
+    for _ in range(20):
+        logits, _ = model(ref[:, -16:])
+        ref = torch.cat([ref, logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, ref)
+
+
+def test_pope_cache_holds_magnitudes():
+    from model import KVCache
+    model = tiny("pope")
+    cache = KVCache(2, 1, 2, 16, 16, "cpu", torch.float64)
+    idx = torch.randint(0, 37, (1, 4))
+    model(idx, cache=cache)
+    assert cache.k[0].shape[-1] == 16 and cache.pos == 4
+    assert (cache.k[0][:, :, :4] > 0).all()  # softplus outputs, not raw projections
+
+
+def test_delta_init_and_optimizer_groups():
+    m = tiny("pope", pope_delta_init="uniform")
+    d = m.transformer.h[0].attn.delta
+    assert d.shape == (2, 16) and (d <= 0).all() and (d >= -2 * math.pi).all() and d.std() > 0.5
+    assert (tiny("pope", pope_delta_init="zero").transformer.h[0].attn.delta == 0).all()
+    opt = m.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    decayed = {id(p) for p in opt.param_groups[0]["params"]}
+    assert id(d) not in decayed
+    assert id(m.transformer.h[0].attn.c_attn.weight) in decayed
+    assert id(m.transformer.h[0].ln_1.weight) not in decayed
+    n = sum(p.numel() for g in opt.param_groups for p in g["params"])
+    assert n == m.get_num_params()
+
+
+def test_pope_flops_count_its_wider_scores():
+    pope, rope = tiny("pope"), tiny("rope")
+    L, H, D, T = 2, 2, 16, 16
+    extra = 6 * L * H * D * T  # the QK^T dot product over 2D instead of D
+    assert pope.flops_per_token() - rope.flops_per_token() == extra + 6 * (pope.get_num_params() - rope.get_num_params())
+
+
+def test_bad_config_is_rejected():
+    with pytest.raises(ValueError, match="pos_emb"):
+        GPTConfig(pos_emb="alibi")
+    with pytest.raises(ValueError, match="divisible"):
+        GPTConfig(n_embd=100, n_head=3)
