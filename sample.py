@@ -76,7 +76,10 @@ def main(argv=None):
     if start.startswith("FILE:"):
         with open(start[5:], encoding="utf-8") as f:
             start = f.read()
-    ids = encode(start) if start else []
+    try:
+        ids = encode(start) if start else []
+    except ValueError as e:
+        sys.exit(f"error: cannot encode --start: {e}")
     if not ids:
         sys.exit("error: the prompt encodes to no tokens; give a non-empty --start")
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]
