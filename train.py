@@ -311,6 +311,8 @@ def main(argv):
                   "rope_base", "pope_delta_init", "attn_impl", "rope_scaling", "rope_scaling_orig_len"]
     model_args = {k: cfg[k] for k in model_keys}
     model_args["vocab_size"] = data.meta["vocab_size"]
+    if data.meta.get("tokenizer") == "gpt2":  # 50257 -> 50304, a multiple of 64, as nanoGPT: faster matmuls
+        model_args["vocab_size"] = (data.meta["vocab_size"] + 63) // 64 * 64
     iter_num, best_val_loss, ckpt = 0, 1e9, None
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
     if cfg["init_from"] == "resume":
