@@ -58,6 +58,8 @@ class GPTConfig:
         need(self.n_embd % self.n_head == 0, f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         need(self.pos_emb != "rope" or (self.n_embd // self.n_head) % 2 == 0, "RoPE needs an even head dim")
         need(self.rope_scaling >= 1.0, f"rope_scaling must be >= 1 (1 = off), got {self.rope_scaling}")
+        need(self.rope_scaling == 1.0 or self.pos_emb == "rope",
+             f"rope_scaling (YaRN) is for pos_emb='rope' only; this model has pos_emb={self.pos_emb!r}")
 
 
 # -----------------------------------------------------------------------------

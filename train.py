@@ -244,11 +244,12 @@ def split_id(split):
 
 
 def get_lr(it, cfg):
-    """Linear warmup, cosine decay to min_lr at lr_decay_iters, then min_lr."""
-    if not cfg["decay_lr"]:
-        return cfg["learning_rate"]
+    """Linear warmup, then cosine decay to min_lr at lr_decay_iters (or, without
+    decay_lr, the constant learning_rate), then min_lr."""
     if it < cfg["warmup_iters"]:
         return cfg["learning_rate"] * (it + 1) / (cfg["warmup_iters"] + 1)
+    if not cfg["decay_lr"]:
+        return cfg["learning_rate"]
     if it > cfg["lr_decay_iters"]:
         return cfg["min_lr"]
     ratio = (it - cfg["warmup_iters"]) / max(1, cfg["lr_decay_iters"] - cfg["warmup_iters"])
@@ -300,19 +301,11 @@ def main(argv):
     out_dir = cfg["out_dir"]
     if master:
         os.makedirs(out_dir, exist_ok=True)
-    data = Data(os.path.join(cfg["data_dir"], cfg["dataset"]), cfg["block_size"])
-    T = data.T
-    tokens_per_iter = accum * world * cfg["batch_size"] * T
-    if master:
-        print(f"tokens per iteration: {tokens_per_iter:,} ({accum} accum x {world} procs x {cfg['batch_size']} x {T})")
 
     # model
     model_keys = ["n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "pos_emb", "pope_base",
                   "rope_base", "pope_delta_init", "attn_impl", "rope_scaling", "rope_scaling_orig_len"]
     model_args = {k: cfg[k] for k in model_keys}
-    model_args["vocab_size"] = data.meta["vocab_size"]
-    if data.meta.get("tokenizer") == "gpt2":  # 50257 -> 50304, a multiple of 64, as nanoGPT: faster matmuls
-        model_args["vocab_size"] = (data.meta["vocab_size"] + 63) // 64 * 64
     iter_num, best_val_loss, ckpt = 0, 1e9, None
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
     if cfg["init_from"] == "resume":
@@ -320,7 +313,7 @@ def main(argv):
             sys.exit(f"error: init_from='resume' but {ckpt_path} does not exist; train first or fix out_dir")
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         for k in model_keys:  # the architecture comes from the checkpoint; attn_impl may change
-            if k not in ("attn_impl", "dropout", "rope_scaling", "rope_scaling_orig_len"):
+            if k not in ("attn_impl", "dropout"):
                 model_args[k] = ckpt["model_args"][k]
         iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
     elif cfg["init_from"].endswith(".pt"):
@@ -336,6 +329,15 @@ def main(argv):
         ckpt = {"model": ckpt["model"]}
     elif cfg["init_from"] != "scratch":
         sys.exit(f"error: init_from must be 'scratch', 'resume' or a path to a .pt checkpoint, got {cfg['init_from']!r}")
+    cfg["block_size"] = model_args["block_size"]  # a resumed run keeps its checkpoint's context
+    data = Data(os.path.join(cfg["data_dir"], cfg["dataset"]), cfg["block_size"])
+    T = data.T
+    model_args["vocab_size"] = data.meta["vocab_size"]
+    if data.meta.get("tokenizer") == "gpt2":  # 50257 -> 50304, a multiple of 64, as nanoGPT: faster matmuls
+        model_args["vocab_size"] = (data.meta["vocab_size"] + 63) // 64 * 64
+    tokens_per_iter = accum * world * cfg["batch_size"] * T
+    if master:
+        print(f"tokens per iteration: {tokens_per_iter:,} ({accum} accum x {world} procs x {cfg['batch_size']} x {T})")
     torch.manual_seed(cfg["seed"] + rank)
     model = GPT(GPTConfig(**model_args))
     if ckpt is not None:
