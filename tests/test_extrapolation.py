@@ -1,0 +1,502 @@
+"""Tests for eval_extrapolation.py and the fine-tuning configs (CPU, tiny models).
+
+Run: python -m pytest tests/test_extrapolation.py -q
+Tiny PoPE / RoPE checkpoints are trained by train.py in a subprocess on a
+character-level Tiny Shakespeare slice (block_size 32); the rest builds models
+in the test. The whole file runs in well under two minutes on 2 CPU cores."""
+
+import io
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import types
+from contextlib import nullcontext
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import eval_extrapolation as ex  # noqa: E402
+import train  # noqa: E402
+from model import GPT, GPTConfig, load_checkpoint, yarn_inv_freq  # noqa: E402
+
+SHAKESPEARE = "/work/shared/data/text/english/tinyshakespeare.txt"
+WEBTEXT = "/work/shared/data/text/english/webtext.txt"
+TIKTOKEN_CACHE = "/work/shared/tiktoken_cache"
+BLOCK = 32
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", f"--block_size={BLOCK}", "--device=cpu", "--compile=False"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one CPU thread is as fast, and robust on a loaded machine (no spinning)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def run_train(args, cwd):
+    env_vars = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=cwd, env=env_vars,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return r.stdout
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A char-level dataset (data/shk) and tiny PoPE and RoPE checkpoints trained by train.py."""
+    root = tmp_path_factory.mktemp("extrap")
+    with open(SHAKESPEARE, encoding="utf-8") as f:
+        text = f.read()[:240_000]
+    itos = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(itos)}
+    ids = np.array([stoi[c] for c in text], dtype=np.uint16)
+    d = root / "data" / "shk"
+    d.mkdir(parents=True)
+    ids[:200_000].tofile(d / "train.bin")
+    ids[200_000:220_000].tofile(d / "val.bin")
+    ids[220_000:].tofile(d / "test.bin")
+    meta = {"vocab_size": len(itos), "dtype": "uint16", "tokenizer": "itos", "itos": itos}
+    (d / "meta.json").write_text(json.dumps(meta))
+    ckpts = {}
+    for pe in ("pope", "rope"):
+        out = root / f"out-{pe}"
+        run_train(["--dataset=shk", f"--data_dir={root / 'data'}", f"--out_dir={out}", f"--pos_emb={pe}", *TINY,
+                   "--batch_size=8", "--gradient_accumulation_steps=1", "--max_iters=40", "--eval_interval=40",
+                   "--eval_iters=2", "--log_interval=100", "--warmup_iters=5", "--lr_decay_iters=40",
+                   "--learning_rate=3e-3"], cwd=root)
+        ckpts[pe] = str(out / "ckpt.pt")
+    return types.SimpleNamespace(root=root, data=str(d), val=str(d / "val.bin"), meta=meta, itos=itos,
+                                 val_ids=ids[200_000:220_000], ckpts=ckpts)
+
+
+def run_eval(args, tmp_path, name="r.json"):
+    out = str(tmp_path / name)
+    res = ex.main([*args, "--json", out, "--no_progress"])
+    with open(out) as f:
+        on_disk = json.load(f)
+    return res, on_disk
+
+
+def err(args):
+    with pytest.raises(SystemExit) as e:
+        ex.main([*args, "--no_progress"])
+    return str(e.value.code)
+
+
+# -----------------------------------------------------------------------------
+# the 1x point is train.py's full-split val loss on the same tokens
+
+@pytest.mark.parametrize("pe", ["pope", "rope"])
+def test_1x_point_equals_train_evaluate(env, tmp_path, pe):
+    _, js = run_eval(["--ckpt", env.ckpts[pe], "--data", env.val, "--lengths", str(BLOCK)], tmp_path)
+    r = js["models"][f"out-{pe}"]["results"][str(BLOCK)]
+    model, ckpt = load_checkpoint(env.ckpts[pe], device="cpu")
+    data = train.Data(env.data, BLOCK)
+    ref = train.evaluate(model, data, "val", ckpt["config"], "cpu", nullcontext(), full=True)
+    n = (len(env.val_ids) - 1) // BLOCK
+    assert r["tokens"] == ref["tokens"] == n * BLOCK
+    assert r["windows"] == n
+    assert abs(r["nll"] - ref["loss"]) < 1e-5, (r["nll"], ref["loss"])
+    assert math.isclose(r["ppl"], math.exp(r["nll"]), rel_tol=1e-12)
+
+
+def test_1x_point_equals_train_eval_only_json(env, tmp_path):
+    out = tmp_path / "out-pope-copy"
+    shutil.copytree(os.path.dirname(env.ckpts["pope"]), out)
+    # train.py's data windows follow the command line's block_size, even with init_from=resume
+    run_train(["--dataset=shk", f"--data_dir={env.root / 'data'}", f"--out_dir={out}", "--init_from=resume",
+               "--eval_only=True", "--eval_full=True", "--eval_splits=val", "--device=cpu",
+               f"--block_size={BLOCK}"], cwd=tmp_path)
+    ev = json.loads((out / "eval.json").read_text())["val"]
+    _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", env.val, "--lengths", str(BLOCK)], tmp_path)
+    r = js["models"]["out-pope"]["results"][str(BLOCK)]
+    assert r["tokens"] == ev["tokens"]
+    assert abs(r["nll"] - ev["loss"]) < 1e-5, (r["nll"], ev["loss"])
+
+
+# -----------------------------------------------------------------------------
+# YaRN
+
+def test_yarn_frequencies_hand_computed():
+    """Head dim 64, base 10000, train length 1024, s = 4 (YaRN paper, arXiv 2309.00071, sec. 3):
+    theta_i = 10000^(-2i/64), r_i = 1024 theta_i / 2pi rotations over the original context,
+    gamma = clip((r - 1) / (32 - 1), 0, 1), h_i = (1 - gamma) theta_i / 4 + gamma theta_i."""
+    inv, mscale = yarn_inv_freq(64, 10000.0, 4.0, 1024)
+    assert inv.shape == (32,) and inv.dtype == torch.float32
+    # hand-computed values:
+    # i = 0:  theta = 1,        r = 162.97 > 32   -> kept:         1.0
+    # i = 5:  theta = 0.237137, r = 38.647 > 32   -> kept:         0.237137
+    # i = 6:  theta = 0.177828, r = 28.981, gamma = 27.981/31 = 0.902627
+    #         h = 0.177828 * (0.902627 + 0.097373/4) = 0.164841
+    # i = 10: theta = 0.0562341, r = 9.16474, gamma = 8.16474/31 = 0.263379
+    #         h = 0.0562341 * (0.263379 + 0.736621/4) = 0.0251667
+    # i = 17: theta = 0.00749894, r = 1.22214, gamma = 0.00716573
+    #         h = 0.00749894 * (0.00716573 + 0.99283427/4) = 0.00191504
+    # i = 18: theta = 0.00562341, r = 0.91647 < 1 -> theta / 4:    0.00140585
+    # i = 31: theta = 1.33352e-4                  -> theta / 4:    3.33380e-5
+    hand = {0: 1.0, 5: 0.237137, 6: 0.164841, 10: 0.0251667, 17: 0.00191504, 18: 0.00140585, 31: 3.33380e-5}
+    for i, v in hand.items():
+        assert math.isclose(inv[i].item(), v, rel_tol=2e-5), (i, inv[i].item(), v)
+    assert math.isclose(mscale, 0.1 * math.log(4) + 1, rel_tol=1e-12)
+    assert math.isclose(mscale, 1.1386294, rel_tol=1e-7)
+    # every frequency against the formula, written out independently
+    for i in range(32):
+        th = 10000.0 ** (-2 * i / 64)
+        r = 1024 * th / (2 * math.pi)
+        g = min(max((r - 1) / 31, 0.0), 1.0)
+        assert math.isclose(inv[i].item(), (1 - g) * th / 4 + g * th, rel_tol=1e-6)
+    # the three regimes: high frequencies kept, low ones divided by s, a ramp between
+    th = 10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+    ratio = (inv.double() / th).tolist()
+    assert all(abs(x - 1) < 1e-6 for x in ratio[:6]) and all(abs(x - 0.25) < 1e-6 for x in ratio[18:])
+    assert all(0.25 < x < 1 for x in ratio[6:18]) and ratio[6:18] == sorted(ratio[6:18], reverse=True)
+
+
+def test_yarn_in_the_model_scale_and_temperature():
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=128, block_size=1024, vocab_size=64, pos_emb="rope")
+    model = GPT(cfg).eval()
+    model.set_rope_scaling(4.0)  # orig_len defaults to block_size = 1024
+    inv, mscale = yarn_inv_freq(64, 10000.0, 4.0, 1024)
+    attn = model.transformer.h[0].attn
+    assert torch.equal(attn.inv_freq, inv)
+    assert math.isclose(attn.scale, mscale ** 2 / math.sqrt(64), rel_tol=1e-12)
+    with pytest.raises(ValueError):
+        GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=64, pos_emb="pope")).set_rope_scaling(2.0)
+
+
+def test_yarn_at_s1_is_plain_rope(env, tmp_path):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, pos_emb="rope")).eval()
+    x = torch.randint(0, 64, (2, 48))
+    with torch.no_grad():
+        a, _ = model(x, x)
+        model.set_rope_scaling(1.0)
+        b, _ = model(x, x)
+        model.set_rope_scaling(1.0, orig_len=7)  # orig_len is irrelevant at s = 1
+        c, _ = model(x, x)
+    assert torch.equal(a, b) and torch.equal(a, c)
+    # through the script: a fixed s = 1 series equals the plain series bit for bit, at every length
+    _, js = run_eval(["--ckpt", env.ckpts["rope"], "--data", env.val, "--lengths", "32,64,96",
+                      "--max_tokens", "960", "--yarn_scale", "1"], tmp_path)
+    plain, yarn = js["models"]["out-rope"], js["models"]["out-rope+YaRN"]
+    for L in ("32", "64", "96"):
+        assert plain["results"][L]["nll"] == yarn["results"][L]["nll"]
+        assert yarn["results"][L]["rope_scaling"] == 1.0
+    assert [b["nll"] for b in plain["buckets"]["rows"]] == [b["nll"] for b in yarn["buckets"]["rows"]]
+
+
+def test_yarn_scale_rule_plain_rope(env, tmp_path):
+    """s(L) = max(1, L / block_size): plain RoPE up to the training length, stretched beyond."""
+    _, js = run_eval(["--ckpt", env.ckpts["rope"], "--data", env.val, "--lengths", "16,32,64,160",
+                      "--max_tokens", "320", "--yarn"], tmp_path)
+    plain, yarn = js["models"]["out-rope"], js["models"]["out-rope+YaRN"]
+    assert [yarn["results"][L]["rope_scaling"] for L in ("16", "32", "64", "160")] == [1.0, 1.0, 2.0, 5.0]
+    assert [plain["results"][L]["rope_scaling"] for L in ("16", "32", "64", "160")] == [1.0] * 4
+    assert math.isclose(yarn["results"]["160"]["mscale"], 0.1 * math.log(5) + 1)
+    assert yarn["results"]["32"]["nll"] == plain["results"]["32"]["nll"]
+    assert yarn["results"]["64"]["nll"] != plain["results"]["64"]["nll"]
+    # --yarn_only drops the plain series of RoPE checkpoints
+    _, js = run_eval(["--ckpt", env.ckpts["rope"], "--data", env.val, "--lengths", "32",
+                      "--yarn", "--yarn_only"], tmp_path)
+    assert list(js["models"]) == ["out-rope+YaRN"]
+
+
+# -----------------------------------------------------------------------------
+# outputs
+
+def test_json_has_every_length_and_consistent_buckets(env, tmp_path, capsys):
+    res, js = run_eval(["--ckpt", env.ckpts["pope"], env.ckpts["rope"], "--data", env.val,
+                        "--lengths", "96, 16,48,16", "--max_tokens", "1000", "--bucket_size", "20"], tmp_path)
+    out = capsys.readouterr().out
+    assert "perplexity by context length" in out and "NLL (nats/token) by position" in out
+    assert js["lengths"] == [16, 48, 96]
+    assert set(js["models"]) == {"out-pope", "out-rope"}
+    for m in js["models"].values():
+        assert m["max_tokens"] == 1000
+        assert set(m["results"]) == {"16", "48", "96"}
+        for L in (16, 48, 96):
+            r = m["results"][str(L)]
+            assert r["length"] == L and r["windows"] == 1000 // L and r["tokens"] == (1000 // L) * L
+            assert 0 < r["nll"] < 10 and math.isclose(r["ppl"], math.exp(r["nll"]))
+        b = m["buckets"]
+        assert b["length"] == 96 and b["bucket_size"] == 20
+        assert [(x["start"], x["end"]) for x in b["rows"]] == [(0, 20), (20, 40), (40, 60), (60, 80), (80, 96)]
+        assert sum(x["tokens"] for x in b["rows"]) == m["results"]["96"]["tokens"]
+        mean = sum(x["nll"] * x["tokens"] for x in b["rows"]) / m["results"]["96"]["tokens"]
+        assert math.isclose(mean, m["results"]["96"]["nll"], rel_tol=1e-9)
+        # the table on stdout shows the same numbers
+        for L in (16, 48, 96):
+            assert f"{m['results'][str(L)]['ppl']:.3f}" in out
+    # main() returns what it wrote
+    assert res["lengths"] == js["lengths"]
+
+
+def test_scored_tokens_are_the_documented_windows(env, tmp_path):
+    """Recompute the NLL at one length by hand from the documented windows."""
+    L, B = 40, 200
+    _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", env.val, "--lengths", f"{L},100",
+                      "--max_tokens", str(B)], tmp_path)
+    model, _ = load_checkpoint(env.ckpts["pope"], device="cpu")
+    ids = torch.from_numpy(env.val_ids.astype(np.int64))
+    x = torch.stack([ids[j * L:j * L + L] for j in range(B // L)])
+    y = torch.stack([ids[j * L + 1:j * L + L + 1] for j in range(B // L)])
+    with torch.no_grad():
+        _, loss = model(x, y)
+    assert abs(js["models"]["out-pope"]["results"][str(L)]["nll"] - loss.item()) < 1e-5
+
+
+def test_default_lengths_are_block_size_times_1_to_10(env, tmp_path):
+    _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", env.val, "--max_tokens", str(10 * BLOCK)], tmp_path)
+    assert js["lengths"] == [BLOCK * k for k in range(1, 11)]
+    m = js["models"]["out-pope"]
+    assert [m["results"][str(BLOCK * k)]["tokens"] for k in range(1, 11)] == [(320 // (32 * k)) * 32 * k
+                                                                              for k in range(1, 11)]
+    assert m["buckets"]["length"] == 320 and m["buckets"]["bucket_size"] == BLOCK
+    assert len(m["buckets"]["rows"]) == 10
+
+
+def test_default_budget_uses_every_whole_longest_window(env, tmp_path):
+    _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", env.val, "--lengths", "64,320"], tmp_path)
+    n = len(env.val_ids)
+    m = js["models"]["out-pope"]
+    assert m["tokens_available"] == n and m["max_tokens"] == (n - 1) // 320 * 320
+    assert m["results"]["320"]["tokens"] == m["max_tokens"] == m["results"]["64"]["tokens"]
+
+
+def test_plot_or_note(env, tmp_path, capsys):
+    png = tmp_path / "p.png"
+    run_eval(["--ckpt", env.ckpts["pope"], "--data", env.val, "--lengths", "32,64", "--max_tokens", "128",
+              "--plot", str(png)], tmp_path)
+    out = capsys.readouterr().out
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in out and not png.exists()
+    else:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_progress_fallback_printer():
+    buf = io.StringIO()
+    p = ex.SimpleProgress(40, desc="x", file=buf)
+    for _ in range(40):
+        p.update(1)
+    lines = buf.getvalue().splitlines()
+    assert lines[-1].startswith("x 40/40 windows (100%)")
+    assert 2 <= len(lines) <= 22  # every 5%, not every window
+
+
+def test_progress_uses_tqdm_or_falls_back(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # as if tqdm were not installed
+    assert isinstance(ex.make_progress(10), ex.SimpleProgress)
+    assert isinstance(ex.make_progress(10, disable=True), ex.NoProgress)
+
+
+def test_length_limit_only_for_a_learned_position_table():
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64, pos_emb="pope"))
+    assert ex.max_model_length(model) is None  # PoPE / RoPE / NoPE: no table, any length runs
+    model.transformer["wpe"] = torch.nn.Embedding(16, 16)  # a GPT-2 style table
+    assert ex.max_model_length(model) == 16
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        ex.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "Usage:" in out and "--yarn_scale" in out and "Which tokens are scored" in out
+
+
+def test_labels_and_nope_checkpoint_built_in_test(env, tmp_path):
+    """A checkpoint written by hand (no train.py) with pos_emb='none' runs at any length."""
+    torch.manual_seed(0)
+    args = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=len(env.itos), pos_emb="none")
+    model = GPT(GPTConfig(**args))
+    path = tmp_path / "nope.pt"
+    torch.save({"model": model.state_dict(), "model_args": args, "config": {}, "meta": env.meta}, path)
+    _, js = run_eval(["--ckpt", str(path), env.ckpts["pope"], "--labels", "NoPE,PoPE", "--data", env.val,
+                      "--max_tokens", "400"], tmp_path)
+    assert list(js["models"]) == ["NoPE", "PoPE"]
+    assert js["lengths"] == [16 * k for k in range(1, 11)]  # the smallest block size sets the defaults
+    assert all(math.isfinite(r["nll"]) for r in js["models"]["NoPE"]["results"].values())
+
+
+# -----------------------------------------------------------------------------
+# data sources
+
+def test_txt_and_jsonl_match_bin(env, tmp_path):
+    text = "".join(env.itos[i] for i in env.val_ids)
+    txt = tmp_path / "val.txt"
+    txt.write_text(text, encoding="utf-8")
+    common = ["--ckpt", env.ckpts["pope"], "--lengths", "32,64", "--max_tokens", "640"]
+    _, a = run_eval([*common, "--data", env.val], tmp_path, "a.json")
+    _, b = run_eval([*common, "--data", str(txt)], tmp_path, "b.json")
+    for L in ("32", "64"):
+        assert a["models"]["out-pope"]["results"][L]["nll"] == b["models"]["out-pope"]["results"][L]["nll"]
+    # jsonl: documents joined by "\n\n" for a character vocabulary
+    jl = tmp_path / "docs.jsonl"
+    jl.write_text(json.dumps({"text": "First Citizen:"}) + "\n\n" + json.dumps({"text": "Before we"}) + "\n")
+    from sample import load_codec
+    enc, dec = load_codec(env.meta)
+    toks = ex.load_text_tokens(str(jl), "jsonl", env.meta, enc, need=10 ** 6)
+    assert dec(toks.tolist()) == "First Citizen:\n\nBefore we\n\n"
+    assert len(ex.load_text_tokens(str(jl), "jsonl", env.meta, enc, need=5)) == 5
+
+
+def test_gpt2_text_chunked_tokenization_is_exact(tmp_path, monkeypatch):
+    cache = tmp_path / "tiktoken_cache"
+    shutil.copytree(TIKTOKEN_CACHE, cache)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    from sample import load_codec
+    meta = {"tokenizer": "gpt2", "vocab_size": 50304}
+    enc, _ = load_codec(meta)
+    with open(WEBTEXT, encoding="utf-8") as f:
+        text = f.read()[:60_000]
+    text += "\n  \nword \nX\n\n\nY <|endoftext|>Z"  # whitespace runs around newlines, a special token
+    p = tmp_path / "t.txt"
+    p.write_text(text, encoding="utf-8")
+    whole = enc(text)
+    chunked = ex.load_text_tokens(str(p), "txt", meta, enc, need=10 ** 9, chunk_chars=777)
+    assert chunked.tolist() == whole
+    assert len(ex.load_text_tokens(str(p), "txt", meta, enc, need=100, chunk_chars=777)) == 100
+    jl = tmp_path / "d.jsonl"
+    jl.write_text(json.dumps({"text": "Hello world"}) + "\n" + json.dumps({"text": "Bye"}) + "\n")
+    toks = ex.load_text_tokens(str(jl), "jsonl", meta, enc, need=10 ** 6).tolist()
+    assert toks == enc("Hello world") + [50256] + enc("Bye") + [50256]
+
+
+def test_hf_source_through_datasets(env, tmp_path, monkeypatch):
+    """hf:pg19 streams deepmind/pg19's test split through datasets.load_dataset (stubbed here)."""
+    calls = []
+    text = "".join(env.itos[i] for i in env.val_ids[:3000])
+
+    def load_dataset(repo, split=None, streaming=False):
+        calls.append((repo, split, streaming))
+        return [{"text": text[:1500]}, {"text": text[1500:]}]
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", "hf:pg19", "--lengths", "32", "--max_tokens", "256"],
+                     tmp_path)
+    assert calls == [("deepmind/pg19", "test", True)]
+    assert js["models"]["out-pope"]["results"]["32"]["tokens"] == 256
+
+    def offline(*a, **k):
+        raise ConnectionError("no network")
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
+    msg = err(["--ckpt", env.ckpts["pope"], "--data", "hf:pg19", "--lengths", "32"])
+    assert "could not load deepmind/pg19" in msg and "no network" in msg and "local file" in msg
+
+
+# -----------------------------------------------------------------------------
+# errors
+
+def test_clear_errors(env, tmp_path, monkeypatch):
+    ck, val = env.ckpts["pope"], env.val
+    assert "checkpoint nope/ckpt.pt not found" in err(["--ckpt", "nope/ckpt.pt", "--data", val])
+    assert "data file missing.bin not found" in err(["--ckpt", ck, "--data", "missing.bin"])
+    assert "must be a .bin" in err(["--ckpt", ck, "--data", __file__])
+    # empty files
+    ddir = tmp_path / "ds"
+    ddir.mkdir()
+    (ddir / "meta.json").write_text(json.dumps(env.meta))
+    (ddir / "val.bin").write_bytes(b"")
+    assert "is empty" in err(["--ckpt", ck, "--data", str(ddir / "val.bin")])
+    (tmp_path / "e.txt").write_text("")
+    assert "is empty" in err(["--ckpt", ck, "--data", str(tmp_path / "e.txt")])
+    (tmp_path / "blank.jsonl").write_text("\n\n")
+    assert "no tokens" in err(["--ckpt", ck, "--data", str(tmp_path / "blank.jsonl")])
+    # lengths below 1 and junk
+    assert "must be >= 1, got [0]" in err(["--ckpt", ck, "--data", val, "--lengths", "0,32"])
+    assert "must be >= 1, got [-3]" in err(["--ckpt", ck, "--data", val, "--lengths=-3"])
+    assert "comma-separated integers" in err(["--ckpt", ck, "--data", val, "--lengths", "1k"])
+    # fewer tokens than one window of the longest length: say how many are needed
+    env.val_ids[:100].tofile(ddir / "val.bin")
+    msg = err(["--ckpt", ck, "--data", str(ddir / "val.bin")])  # default lengths: up to 320
+    assert "has 100 tokens" in msg and "need at least 321 tokens" in msg
+    # budgets
+    assert "less than the longest length 64" in err(["--ckpt", ck, "--data", val, "--lengths", "64",
+                                                     "--max_tokens", "10"])
+    assert "has only 20000 tokens" in err(["--ckpt", ck, "--data", val, "--lengths", "64", "--max_tokens", "20000"])
+    # a .bin without meta.json, a file that is no checkpoint, a foreign vocabulary
+    (tmp_path / "lone").mkdir()
+    env.val_ids.tofile(tmp_path / "lone" / "x.bin")
+    assert "no meta.json beside it" in err(["--ckpt", ck, "--data", str(tmp_path / "lone" / "x.bin")])
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    assert "could not load" in err(["--ckpt", str(tmp_path / "junk.pt"), "--data", val])
+    (ddir / "meta.json").write_text(json.dumps({"vocab_size": 50304, "dtype": "uint16", "tokenizer": "gpt2"}))
+    env.val_ids.tofile(ddir / "val.bin")
+    assert "different vocabulary" in err(["--ckpt", ck, "--data", str(ddir / "val.bin")])
+    # hf:pg19 without the datasets package (a fast, clear failure; never a hang)
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    msg = err(["--ckpt", ck, "--data", "hf:pg19"])
+    assert "pip install datasets" in msg and "--data pg19_test.jsonl" in msg
+    # option checks
+    assert "--yarn_only needs --yarn" in err(["--ckpt", ck, "--data", val, "--yarn_only"])
+    assert "--yarn_scale must be >= 1" in err(["--ckpt", ck, "--data", val, "--yarn_scale", "0.5"])
+
+
+# -----------------------------------------------------------------------------
+# fine-tuning configs
+
+def finetune_cfg(name):
+    defaults = {k: getattr(train, k) for k in train.config_keys}
+    return train.configure([os.path.join(ROOT, "config", name)], defaults)
+
+
+@pytest.mark.parametrize("name,scale", [("finetune_yarn.py", 4.0), ("finetune_pope.py", 1.0)])
+def test_finetune_config_recipe(name, scale):
+    cfg = finetune_cfg(name)
+    assert cfg["block_size"] == 4096 and cfg["rope_scaling"] == scale and cfg["rope_scaling_orig_len"] == 0
+    assert cfg["max_iters"] == 500 and cfg["learning_rate"] == 6e-5 and cfg["warmup_iters"] == 20
+    assert cfg["batch_size"] * cfg["gradient_accumulation_steps"] == 64
+    assert cfg["init_from"].endswith(".pt")
+    # the schedule: 20 linear warmup steps, then 6e-5 flat to the end (no decay)
+    lrs = [train.get_lr(i, cfg) for i in range(cfg["max_iters"] + 1)]
+    assert lrs[0] < lrs[10] < lrs[19] < 6e-5
+    assert all(lr == 6e-5 for lr in lrs[20:])
+    with open(os.path.join(ROOT, "config", name)) as f:
+        head = f.read().split("\n\n")[0]
+    assert head.startswith("#") and "Usage:" in head and f"python train.py config/{name}" in head
+
+
+def test_finetune_yarn_end_to_end_and_eval_rule(env, tmp_path):
+    """train.py config/finetune_yarn.py on the tiny RoPE checkpoint (context 32 -> 128, s = 4),
+    then the eval: the checkpoint's own series keeps s = 4; --yarn uses max(4, L / 32)."""
+    out = tmp_path / "out-rope-yarn"
+    run_train([os.path.join(ROOT, "config", "finetune_yarn.py"), f"--init_from={env.ckpts['rope']}",
+               "--dataset=shk", f"--data_dir={env.root / 'data'}", f"--out_dir={out}", "--device=cpu",
+               "--block_size=128", "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=2",
+               "--eval_interval=2", "--eval_iters=1"], cwd=tmp_path)
+    ck = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)
+    ma = ck["model_args"]
+    assert ma["pos_emb"] == "rope" and ma["block_size"] == 128
+    assert ma["rope_scaling"] == 4.0 and ma["rope_scaling_orig_len"] == BLOCK
+    _, js = run_eval(["--ckpt", str(out / "ckpt.pt"), "--data", env.val, "--lengths", "32,128,256",
+                      "--max_tokens", "512", "--yarn"], tmp_path)
+    plain, yarn = js["models"]["out-rope-yarn"], js["models"]["out-rope-yarn+YaRN"]
+    assert plain["yarn"]["ckpt_scale"] == 4.0 and plain["yarn"]["orig_len"] == BLOCK
+    assert [plain["results"][L]["rope_scaling"] for L in ("32", "128", "256")] == [4.0, 4.0, 4.0]
+    assert [yarn["results"][L]["rope_scaling"] for L in ("32", "128", "256")] == [4.0, 4.0, 8.0]
+    assert plain["results"]["128"]["nll"] == yarn["results"]["128"]["nll"]
+    assert js["lengths"] == [32, 128, 256] and plain["block_size"] == 128
+
+
+def test_finetune_pope_end_to_end(env, tmp_path):
+    out = tmp_path / "out-pope-ft"
+    run_train([os.path.join(ROOT, "config", "finetune_pope.py"), f"--init_from={env.ckpts['pope']}",
+               "--dataset=shk", f"--data_dir={env.root / 'data'}", f"--out_dir={out}", "--device=cpu",
+               "--block_size=128", "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=2",
+               "--eval_interval=2", "--eval_iters=1"], cwd=tmp_path)
+    ck = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)
+    assert ck["model_args"]["pos_emb"] == "pope" and ck["model_args"]["block_size"] == 128
+    assert ck["model_args"]["rope_scaling"] == 1.0
+    assert ck["config"]["learning_rate"] == 6e-5 and ck["iter_num"] == 2
