@@ -1,0 +1,27 @@
+# Indirect indexing with RoPE (the baseline for PoPE), the PoPE paper's diagnostic (arXiv 2509.10534):
+# d_model 512, 8 heads, 8 layers, delta initialised U(-2pi, 0); batch 64,
+# AdamW 2e-4 -> 2e-5 cosine over 100k iterations with 4k warmup, beta2 0.99.
+# Where the paper is silent (weight decay 0.1, grad clip 1.0, no dropout) the
+# values are ours. Accuracy = exact match of the greedy target letter, logged
+# by train.py's eval ("acc", over the masked target tokens only).
+# Data:  python prepare/indirect_indexing.py           (1M / 10k / 10k examples, rows of 52)
+# Usage: python train.py config/indirect_indexing_rope.py
+# Test accuracy of the checkpoint:
+#        python train.py config/indirect_indexing_rope.py --init_from=resume --eval_only=True --eval_full=True --eval_splits=test
+out_dir = "out-indirect-indexing-rope"
+dataset = "indirect_indexing"
+pos_emb = "rope"
+pope_delta_init = "uniform"  # unused by RoPE; kept so the twins differ only in pos_emb and out_dir
+n_layer, n_head, n_embd = 8, 8, 512
+block_size = 51  # rows of 52 tokens: x = row[:-1], y = row[1:]
+dropout = 0.0
+batch_size = 64
+gradient_accumulation_steps = 1
+learning_rate, min_lr = 2e-4, 2e-5
+max_iters = lr_decay_iters = 100000
+warmup_iters = 4000
+weight_decay = 0.1
+beta1, beta2 = 0.9, 0.99
+grad_clip = 1.0
+eval_interval, eval_iters, log_interval = 2000, 100, 100
+always_save_checkpoint = False

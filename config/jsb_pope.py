@@ -1,0 +1,28 @@
+# JSB Chorales with PoPE, the PoPE paper's music setting (arXiv 2509.10534):
+# 256 wide, 8 heads, 6 layers, 3k iterations, delta initialised U(-2pi, 0).
+# The paper does not give these, so they are ours: 16 chorale rows of 2048
+# tokens per step, AdamW 5e-4 -> 5e-5 cosine with 100 warmup steps, beta2 0.99,
+# weight decay 0.1, dropout 0.1 (229 training chorales overfit quickly).
+# Metric: test NLL per token (the paper's), over the chorale tokens only (the
+# loss mask drops the <s>/padding), on the whole test split.
+# Data:  python prepare/jsb.py --input ../shared/data/music/Jsb16thSeparated.npz
+# Usage: python train.py config/jsb_pope.py
+# Test NLL of the checkpoint:
+#        python train.py config/jsb_pope.py --init_from=resume --eval_only=True --eval_full=True --eval_splits=test
+out_dir = "out-jsb-pope"
+dataset = "jsb"
+pos_emb = "pope"
+pope_delta_init = "uniform"
+n_layer, n_head, n_embd = 6, 8, 256
+block_size = 2047  # one chorale per row of 2048 tokens: x = row[:-1], y = row[1:]
+dropout = 0.1
+batch_size = 16
+gradient_accumulation_steps = 1
+learning_rate, min_lr = 5e-4, 5e-5
+max_iters = lr_decay_iters = 3000
+warmup_iters = 100
+weight_decay = 0.1
+beta1, beta2 = 0.9, 0.99
+grad_clip = 1.0
+eval_interval, eval_iters, log_interval = 250, 20, 50
+always_save_checkpoint = False

@@ -1,0 +1,290 @@
+"""JSB Chorales (16th-note grid, 4 voices) for next-token modelling.
+
+Usage:
+    python prepare/jsb.py --input ../shared/data/music/Jsb16thSeparated.npz
+    python prepare/jsb.py --input ../shared/data/music          # a folder holding the .npz or .json
+    python prepare/jsb.py                                       # downloads the .npz (needs network)
+
+Source: the standard Boulanger-Lewandowski (2012) split in the Coconet
+"Jsb16thSeparated" format, https://github.com/czhuang/JSB-Chorales-dataset
+(Jsb16thSeparated.npz or .json): 229 / 76 / 77 chorales for train / valid /
+test, each a (T, 4) array of MIDI pitches (soprano, alto, tenor, bass) per
+16th note, NaN (npz) or -1 (json) for a silent voice. Both files give
+byte-identical .bin files. "valid" is written as val.
+
+Tokenization: raster scan, time-major: at each 16th-note step the four
+voices S, A, T, B, one token each, so a chorale of T steps is 4T tokens and
+the voice of a token is its offset mod 4 after the row's start token.
+Vocabulary, 90 tokens (the paper's size), id = position:
+    0      "<s>"   starts every row, and pads it (never scored)
+    1      "R"     silent voice (rest)
+    2..89  MIDI pitch 21..108 (the 88 piano keys, id = pitch - 19), named
+           "A0", "A#0", "B0", "C1", ..., "C4" (= 60), ..., "C8"; sharps only.
+The data uses pitches 36..81; a pitch outside 21..108 is an error.
+Held notes and repeated notes are not distinguished (as in the source).
+
+Rows: one chorale per row of exactly --max_len tokens (default 2048; meta
+row_len), laid out as <s>, the chorale's tokens, then <s> padding. A row
+holds at most (max_len - 1) // 4 = 511 steps; the few longer chorales
+(2 train, 3 valid, 2 test) continue in the next row, which starts with <s>
+again. The loss mask is 1 on every chorale token and 0 on <s>, so each
+token of a split is scored exactly once: the scored tokens are 4 x steps
+(train 220,912, val 73,632, test 75,600), the paper's test NLL per token.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+
+from prepare import common
+
+NAME = "jsb"
+URL = "https://github.com/czhuang/JSB-Chorales-dataset/raw/master/Jsb16thSeparated.npz"
+SOURCE_SPLITS = {"train": "train", "val": "valid", "test": "test"}
+NOTE_NAMES = ["C", "C#", "D", "D#", "E", "F", "F#", "G", "G#", "A", "A#", "B"]
+LOW, HIGH = 21, 108
+START, REST = 0, 1
+ITOS = ["<s>", "R"] + [f"{NOTE_NAMES[p % 12]}{p // 12 - 1}" for p in range(LOW, HIGH + 1)]
+VOICES = ("S", "A", "T", "B")
+
+
+# -----------------------------------------------------------------------------
+# reading
+
+def find_input(path):
+    path = Path(path)
+    if path.is_dir():
+        for name in ("Jsb16thSeparated.npz", "Jsb16thSeparated.json"):
+            if (path / name).exists():
+                return path / name
+        cands = sorted(path.glob("*.npz")) + sorted(path.glob("*.json"))
+        if not cands:
+            raise common.PrepareError(f"no .npz or .json JSB file in {path}")
+        return cands[0]
+    if not path.exists():
+        raise common.PrepareError(f"--input {path} does not exist")
+    return path
+
+
+def load_pieces(path):
+    """{'train'|'val'|'test': [int array (T, 4), -1 = silent]} from .npz or .json."""
+    path = find_input(path)
+    try:
+        if path.suffix == ".npz":
+            raw = np.load(path, allow_pickle=True, encoding="latin1")
+            get = lambda k: [np.asarray(p, dtype=np.float64) for p in raw[k]] if k in raw.files else None
+        elif path.suffix == ".json":
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            get = lambda k: [np.asarray(p, dtype=np.float64).reshape(-1, 4) if len(p) else np.zeros((0, 4))
+                             for p in raw[k]] if k in raw else None
+        else:
+            raise common.PrepareError(f"{path}: expected a .npz or .json file")
+    except common.PrepareError:
+        raise
+    except Exception as e:
+        raise common.PrepareError(f"cannot read {path}: {e}") from e
+    out = {}
+    for split, key in SOURCE_SPLITS.items():
+        pieces = get(key)
+        if pieces is None:
+            raise common.PrepareError(f"{path} has no '{key}' split")
+        if not pieces:
+            raise common.PrepareError(f"{path}: split '{key}' is empty")
+        conv = []
+        for i, p in enumerate(pieces):
+            if p.ndim != 2 or p.shape[1] != 4 or p.shape[0] == 0:
+                raise common.PrepareError(f"{path}: {key}[{i}] has shape {p.shape}, expected (T>0, 4)")
+            p = np.where(np.isnan(p), -1, p)
+            if np.any(p != np.round(p)):
+                raise common.PrepareError(f"{path}: {key}[{i}] has non-integer pitches")
+            p = p.astype(np.int64)
+            bad = (p != -1) & ((p < LOW) | (p > HIGH))
+            if bad.any():
+                raise common.PrepareError(f"{path}: {key}[{i}] has pitch {p[bad][0]} outside {LOW}..{HIGH}")
+            conv.append(p)
+        out[split] = conv
+    return out, path
+
+
+# -----------------------------------------------------------------------------
+# tokens
+
+def encode_piece(roll):
+    """(T, 4) pitches (-1 = silent) -> 4T token ids, time-major S A T B."""
+    roll = np.asarray(roll)
+    return np.where(roll < 0, REST, roll - LOW + 2).astype(np.int64).ravel()
+
+
+def encode(text, meta=None):
+    """Whitespace-separated token names -> ids ("." is accepted for "R"), e.g.
+    "<s> C5 G4 E4 C3" (a prompt: the start token and one 16th-note step)."""
+    stoi = {s: i for i, s in enumerate(ITOS)}
+    stoi["."] = REST
+    try:
+        return [stoi[t] for t in text.split()]
+    except KeyError as e:
+        raise ValueError(f"unknown JSB token {e.args[0]!r}; tokens are <s>, R (or .) and note names A0..C8") from None
+
+
+def roll_from_ids(ids):
+    """Inverse of encode_piece on chorale tokens (<s> ids are skipped; a
+    trailing partial step is dropped): (T, 4) pitches, -1 = silent."""
+    ids = np.asarray([i for i in ids if i != START], dtype=np.int64)
+    ids = ids[: len(ids) // 4 * 4].reshape(-1, 4)
+    return np.where(ids == REST, -1, ids - 2 + LOW)
+
+
+def rows_for_piece(roll, max_len):
+    """Rows (k, max_len) and masks for one chorale."""
+    steps = (max_len - 1) // 4
+    toks = encode_piece(roll).reshape(-1, 4)
+    rows, masks = [], []
+    for s in range(0, len(toks), steps):
+        chunk = toks[s:s + steps].ravel()
+        row = np.full(max_len, START, dtype=np.int64)
+        mask = np.zeros(max_len, dtype=np.uint8)
+        row[1:1 + len(chunk)] = chunk
+        mask[1:1 + len(chunk)] = 1
+        rows.append(row)
+        masks.append(mask)
+    return rows, masks
+
+
+def _split_groups(ids):
+    """Token ids -> list of chorales, each a list of steps (lists of names)."""
+    groups, cur, step = [], [], []
+    for i in ids:
+        i = int(i)
+        if i == START:
+            if step:
+                cur.append(step)
+                step = []
+            if cur:
+                groups.append(cur)
+                cur = []
+            continue
+        step.append(ITOS[i] if 0 <= i < len(ITOS) else "?")
+        if len(step) == 4:
+            cur.append(step)
+            step = []
+    if step:
+        cur.append(step)
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def decode(ids, meta=None):
+    """Readable piano roll: one line per 16th note, columns S A T B, '.' for
+    a rest, a '--' line between chorales (at <s>)."""
+    out = []
+    for g, steps in enumerate(_split_groups(ids)):
+        if g:
+            out.append("--")
+        out.append("step    S    A    T    B")
+        for t, step in enumerate(steps):
+            cells = " ".join(f"{'.' if x == 'R' else x:>4}" for x in step)
+            out.append(f"{t:4d} {cells}")
+    return "\n".join(out) + "\n"
+
+
+def save_sample(ids, meta, path_without_ext):
+    """Write a 4-track MIDI file (S, A, T, B; 16th = 120 ticks at 120 bpm;
+    equal consecutive pitches of a voice are joined into one held note) when
+    symusic (installed with miditok) is present, else the text piano roll.
+    Returns the written path."""
+    path = Path(path_without_ext)
+    try:
+        import symusic
+    except ImportError:
+        out = path.with_suffix(".txt")
+        out.write_text(decode(ids, meta), encoding="utf-8")
+        return str(out)
+    steps = [s for g in _split_groups(ids) for s in g if len(s) == 4]
+    score = symusic.Score(480)
+    tick = 120
+    for v, vname in enumerate(VOICES):
+        track = symusic.Track(name=vname, program=0)
+        start, cur = 0, None
+        for t, step in enumerate(steps + [["R"] * 4]):
+            name = step[v]
+            pitch = None if name in ("R", "?") else ITOS.index(name) - 2 + LOW
+            if pitch != cur:
+                if cur is not None:
+                    track.notes.append(symusic.Note(start * tick, (t - start) * tick, cur, 80))
+                start, cur = t, pitch
+        score.tracks.append(track)
+    out = path.with_suffix(".mid")
+    score.dump_midi(str(out))
+    return str(out)
+
+
+# -----------------------------------------------------------------------------
+# main
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", help="Jsb16thSeparated.npz or .json, or a folder holding one "
+                                   "(without it: download the .npz from " + URL + ")")
+    p.add_argument("--out_dir", default=str(common.default_out_dir(NAME)), help="output folder (default data/jsb)")
+    p.add_argument("--max_len", type=int, default=2048, help="row length in tokens (default 2048)")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.max_len < 5:
+        raise common.PrepareError("--max_len must be at least 5 (one start token and one step)")
+    out_dir = Path(args.out_dir)
+    if args.input is None:
+        src = common.download(URL, out_dir / "raw" / "Jsb16thSeparated.npz",
+                              hint=f"Download {URL} (or the .json next to it) and pass it with --input FILE.")
+    else:
+        src = args.input
+    pieces, src = load_pieces(src)
+
+    counts, scored, extra, n_rows, n_split = {}, {}, {}, {}, {}
+    for split, plist in pieces.items():
+        rows, masks = [], []
+        for roll in common.progress(plist, desc=split, unit="chorale"):
+            r, m = rows_for_piece(roll, args.max_len)
+            rows += r
+            masks += m
+            n_split[split] = n_split.get(split, 0) + (len(r) > 1)
+        toks = np.concatenate(rows)
+        mask = np.concatenate(masks)
+        counts[split] = common.write_bin(out_dir / f"{split}.bin", toks, np.uint16)
+        common.write_bin(out_dir / f"{split}_mask.bin", mask, np.uint8)
+        scored[split] = int(mask.sum())
+        n_rows[split] = len(rows)
+        extra[split] = f"{len(plist)} chorales, {len(rows)} rows, {scored[split]:,} scored"
+    meta = {
+        "format": NAME,
+        "vocab_size": len(ITOS),
+        "dtype": "uint16",
+        "itos": ITOS,
+        "row_len": args.max_len,
+        "pad_id": START,
+        "start_id": START,
+        "chorales": {s: len(p) for s, p in pieces.items()},
+        "rows": n_rows,
+        "chorales_split_over_rows": n_split,
+        "tokens": counts,
+        "scored_tokens": scored,
+        "source": URL,
+        "input": Path(src).name,
+    }
+    common.write_meta(out_dir, meta)
+    common.report(out_dir, counts, extra)
+    return counts
+
+
+if __name__ == "__main__":
+    common.run_main(main)

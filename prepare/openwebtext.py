@@ -1,0 +1,233 @@
+"""OpenWebText (or any English text) as GPT-2 BPE tokens, nanoGPT style.
+
+Usage:
+    python prepare/openwebtext.py --input ../shared/data/text/owt_sample.jsonl
+    python prepare/openwebtext.py --input ../shared/data/text/english --out_dir data/english
+    python prepare/openwebtext.py          # HF dataset Skylion007/openwebtext (needs `datasets` + network)
+
+Source: the HF dataset "Skylion007/openwebtext" (the one nanoGPT loads as
+"openwebtext"), 8,013,769 documents. Offline, pass a local copy with --input:
+  - .jsonl / .json files with one {"text": ...} object per line (--text_field),
+  - .txt files, cut into documents at --txt_doc_sep (default "\\n\\n\\n",
+    two blank lines, the separator of ../shared/data/text/english; pass ""
+    for one document per file),
+  - or a folder: every .jsonl/.json/.txt file under it, in sorted path order.
+
+Tokenization: tiktoken "gpt2" (vocab 50257), encode_ordinary of each
+document followed by <|endoftext|> (50256), on --num_proc worker processes
+(multiprocessing Pool, ordered results, so the output does not depend on the
+number of workers). Written as uint16, meta {"tokenizer": "gpt2"}.
+
+Split (nanoGPT's val fraction 0.0005 and seed 2357): with n documents,
+numpy default_rng(2357).permutation(n) is drawn and its first
+ceil(0.0005 * n) documents form val, the rest train. The ceiling keeps val
+non-empty for any input of at least 2 documents (the 1,000-document sample
+gets exactly 1 val document); fewer than 2 documents is an error. Within
+each split the documents keep their input order. There is no test split.
+"""
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+
+from prepare import common
+
+NAME = "openwebtext"
+HF_ID = "Skylion007/openwebtext"
+VAL_FRACTION = 0.0005
+SEED = 2357
+EOT = 50256
+TEXT_SUFFIXES = (".jsonl", ".json", ".txt")
+BATCH_DOCS = 4096  # documents in flight at once
+
+_ENC = None
+
+
+def get_encoding():
+    try:
+        import tiktoken
+    except ImportError as e:
+        raise common.PrepareError("tokenizing needs the Python package 'tiktoken' (pip install tiktoken)") from e
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:  # offline with no cached BPE files
+        raise common.PrepareError(
+            f"tiktoken could not load the gpt2 encoding ({type(e).__name__}: {e}). Offline, point "
+            "TIKTOKEN_CACHE_DIR at a folder that holds tiktoken's gpt2 files (e.g. ../shared/tiktoken_cache)") from e
+
+
+def _init_worker():
+    global _ENC
+    _ENC = get_encoding()
+
+
+def _encode(text):
+    ids = _ENC.encode_ordinary(text)
+    ids.append(EOT)
+    return np.array(ids, dtype=np.uint16)
+
+
+def encode(text, meta=None):
+    return get_encoding().encode_ordinary(text)
+
+
+def decode(ids, meta=None):
+    return get_encoding().decode([int(i) for i in ids])
+
+
+# -----------------------------------------------------------------------------
+# documents
+
+def input_files(path):
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+        if not files:
+            raise common.PrepareError(f"no .jsonl/.json/.txt file under {path}")
+        return files
+    if not path.exists():
+        raise common.PrepareError(f"--input {path} does not exist")
+    if path.suffix.lower() not in TEXT_SUFFIXES:
+        raise common.PrepareError(f"--input {path}: expected .jsonl, .json or .txt")
+    return [path]
+
+
+def iter_documents(files, text_field="text", txt_doc_sep="\n\n\n"):
+    """Yield every document's text, in file order."""
+    for path in files:
+        if path.suffix.lower() == ".txt":
+            text = path.read_text(encoding="utf-8")
+            if txt_doc_sep:
+                text = text.rstrip("\n")
+                docs = text.split(txt_doc_sep) if text else []
+            else:
+                docs = [text] if text else []
+            yield from (d for d in docs if d.strip())
+        else:
+            with open(path, encoding="utf-8") as f:
+                for lineno, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise common.PrepareError(f"{path}:{lineno}: not a JSON line ({e})") from e
+                    if not isinstance(obj, dict) or text_field not in obj:
+                        raise common.PrepareError(f"{path}:{lineno}: no '{text_field}' field")
+                    yield obj[text_field]
+
+
+def count_documents(files, text_field, txt_doc_sep):
+    return sum(1 for _ in iter_documents(files, text_field, txt_doc_sep))
+
+
+def val_documents(n, fraction=VAL_FRACTION, seed=SEED):
+    """Boolean array: True for the documents that go to val."""
+    if n < 2:
+        raise common.PrepareError(f"need at least 2 documents to split train/val, found {n}")
+    n_val = min(n - 1, math.ceil(fraction * n))
+    is_val = np.zeros(n, dtype=bool)
+    is_val[np.random.default_rng(seed).permutation(n)[:n_val]] = True
+    return is_val
+
+
+def hf_documents():
+    """(count, iterator) over the HF dataset; fails fast offline."""
+    import importlib.util
+    hint = (f"Offline: download the OpenWebText documents (HF dataset {HF_ID}) as .jsonl with a 'text' field, "
+            "or use any .txt/.jsonl text, and pass it with --input FILE_OR_DIR "
+            "(e.g. --input ../shared/data/text/owt_sample.jsonl).")
+    if importlib.util.find_spec("datasets") is None:
+        raise common.PrepareError(f"loading {HF_ID} needs the Python package 'datasets' (pip install datasets). {hint}")
+    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
+    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "30")
+    import datasets
+    try:
+        ds = datasets.load_dataset(HF_ID, split="train")
+    except Exception as e:
+        raise common.PrepareError(f"could not load {HF_ID} ({type(e).__name__}: {e}). {hint}") from e
+    return len(ds), (row["text"] for row in ds)
+
+
+# -----------------------------------------------------------------------------
+# main
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", help="a .jsonl/.json/.txt file or a folder of them (without it: HF " + HF_ID + ")")
+    p.add_argument("--out_dir", default=str(common.default_out_dir(NAME)), help="output folder (default data/openwebtext)")
+    p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenizer worker processes")
+    p.add_argument("--text_field", default="text", help="JSON field holding the text (default text)")
+    p.add_argument("--txt_doc_sep", default="\n\n\n", help="document separator in .txt files ('' = whole file)")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    out_dir = Path(args.out_dir)
+    get_encoding()  # fail before any work if the BPE files are missing
+    if args.input is None:
+        n_docs, docs = hf_documents()
+        source = HF_ID
+    else:
+        files = input_files(args.input)
+        n_docs = count_documents(files, args.text_field, args.txt_doc_sep)
+        if n_docs == 0:
+            raise common.PrepareError(f"no documents in {args.input} (empty input)")
+        docs = iter_documents(files, args.text_field, args.txt_doc_sep)
+        source = [str(p.relative_to(args.input)) if Path(args.input).is_dir() else p.name for p in files]
+    is_val = val_documents(n_docs)
+
+    writers = {s: common.BinWriter(out_dir / f"{s}.bin", np.uint16) for s in ("train", "val")}
+    ndoc = {"train": 0, "val": 0}
+    import multiprocessing as mp
+    try:
+        with mp.get_context("spawn").Pool(max(1, args.num_proc), initializer=_init_worker) as pool, \
+                common.progress(total=n_docs, desc="tokenizing", unit="doc") as bar:
+            i = 0
+            # bounded batches: Pool.imap would read the whole input ahead into memory
+            for batch in iter(lambda: list(itertools.islice(docs, BATCH_DOCS)), []):
+                for ids in pool.imap(_encode, batch, chunksize=16):
+                    if i >= n_docs:
+                        raise common.PrepareError(f"the input changed while reading: more than {n_docs} documents")
+                    split = "val" if is_val[i] else "train"
+                    writers[split].write(ids)
+                    ndoc[split] += 1
+                    i += 1
+                bar.update(len(batch))
+        if sum(ndoc.values()) != n_docs:
+            raise common.PrepareError(f"read {sum(ndoc.values())} documents, expected {n_docs}")
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    counts = {s: w.close() for s, w in writers.items()}
+    meta = {
+        "format": NAME,
+        "tokenizer": "gpt2",
+        "vocab_size": 50257,
+        "dtype": "uint16",
+        "eot_id": EOT,
+        "documents": ndoc,
+        "tokens": counts,
+        "val_fraction": VAL_FRACTION,
+        "seed": SEED,
+        "source": source,
+    }
+    common.write_meta(out_dir, meta)
+    common.report(out_dir, counts, {s: f"{ndoc[s]:,} document{'s' * (ndoc[s] != 1)}" for s in counts})
+    return counts
+
+
+if __name__ == "__main__":
+    common.run_main(main)

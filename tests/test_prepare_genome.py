@@ -1,0 +1,175 @@
+"""prepare/genome.py on GRCh37 chr20 (../shared/data/genome) and on slices of
+it written in the test: vocabulary, a reference tokenizer, N handling,
+held-out regions and chromosomes, round trip, idempotency, bad input."""
+import gzip
+import os
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from prepare import common  # noqa: E402
+from prepare import genome  # noqa: E402
+
+
+def shared_data():
+    env = os.environ.get("POPE_SHARED_DATA")
+    path = Path(env) if env else REPO.parent / "shared" / "data"
+    if not path.is_dir():
+        (pytest.fail if env else pytest.skip)(f"shared data not found at {path} (set POPE_SHARED_DATA)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def chr20_path():
+    return shared_data() / "genome" / "chr20.fa.gz"
+
+
+@pytest.fixture(scope="module")
+def chr20(chr20_path):
+    with gzip.open(chr20_path, "rt") as f:
+        seq = "".join(line.strip() for line in f if not line.startswith(">"))
+    assert len(seq) == 63_025_520
+    return seq
+
+
+def ref_tokens(seq):
+    """A plain-Python statement of the tokenization, to check the numpy one."""
+    out = []
+    for contig in re.split(r"[^ACGT]+", seq.upper()):
+        if not contig:
+            continue
+        k = len(contig) // 6 * 6
+        out += [6 + int(contig[i:i + 6].translate(str.maketrans("ACGT", "0123")), 4) for i in range(0, k, 6)]
+        out += [4102 + "ACGT".index(b) for b in contig[k:]]
+        out.append(4)
+    return out
+
+
+def write_fasta(path, records, width=60):
+    text = "".join(f">{name}\n" + "".join(seq[i:i + width] + "\n" for i in range(0, len(seq), width))
+                   for name, seq in records)
+    if str(path).endswith(".gz"):
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        Path(path).write_text(text)
+
+
+@pytest.fixture(scope="module")
+def records(chr20):
+    r1 = chr20[26_300_000:26_320_000]              # ends in the 3.1 Mb N run (431 N)
+    r1 = r1[:100] + r1[100:700].lower() + r1[700:]  # soft-masked bases count as bases
+    r2 = chr20[29_800_000:29_812_345]              # starts inside an N run (3,908 N)
+    r3 = chr20[61_000_000:61_010_007]
+    r3 = r3[:5000] + "R" + r3[5001:]               # an IUPAC code breaks the sequence too
+    return [("chr1 a description", r1), ("chr2", r2), ("3", r3)]
+
+
+def test_vocabulary():
+    assert genome.VOCAB_SIZE == 4107 and len(set(genome.ITOS)) == 4107
+    assert genome.ITOS[:6] == ["<unk>", "<pad>", "<mask>", "<cls>", "<eos>", "<bos>"]
+    assert genome.ITOS[6] == "AAAAAA" and genome.ITOS[7] == "AAAAAC" and genome.ITOS[4101] == "TTTTTT"
+    assert genome.ITOS[4102:] == ["A", "C", "G", "T", "N"]
+    assert genome.ITOS[6 + int("012301", 4)] == "ACGTAC"
+    assert genome.encode("ACGTAC") == [6 + int("012301", 4), 4]
+
+
+def test_encode_decode_round_trip():
+    rng = np.random.default_rng(0)
+    for n in [1, 5, 6, 7, 12, 13, 1000, 1003]:
+        s = "".join(rng.choice(list("ACGT"), n))
+        ids = genome.encode_contig(s)
+        assert len(ids) == n // 6 + n % 6
+        assert genome.decode(ids) == s
+        assert genome.encode(s) == ref_tokens(s)
+    assert genome.decode(genome.encode("ACGTACGTNNNNacgtRAC")) == "ACGTACGT\nACGT\nAC\n"
+
+
+def test_regions_on_slices_match_reference(tmp_path, records):
+    write_fasta(tmp_path / "s.fa.gz", records)
+    counts = genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "o")])
+    meta = common.load_meta(tmp_path / "o")
+    expect = {"train": [], "val": [], "test": []}
+    regions = {}
+    for name, seq in records:
+        L = len(seq)
+        t = L - round(0.01 * L)
+        v = t - round(0.01 * L)
+        expect["train"] += ref_tokens(seq[:v])
+        expect["val"] += ref_tokens(seq[v:t])
+        expect["test"] += ref_tokens(seq[t:])
+        regions[name.split()[0]] = {"val": [v, t], "test": [t, L]}
+    for split in common.SPLITS:
+        got = np.asarray(common.read_bin(tmp_path / "o", split)).tolist()
+        assert got == expect[split], split
+        assert counts[split] == len(expect[split])
+    assert counts == {"train": 6_270, "val": 45, "test": 45}
+    assert meta["holdout_regions"] == regions
+    assert meta["records"] == [{"name": "chr1", "length": 20_000, "acgt": 19_569},
+                               {"name": "chr2", "length": 12_345, "acgt": 8_437},
+                               {"name": "3", "length": 10_007, "acgt": 10_006}]
+    assert meta["dropped_bases"] == 431 + 3_908 + 1
+    assert meta["vocab_size"] == 4107 and meta["format"] == "genome" and meta["itos"] == genome.ITOS
+    # plain FASTA gives the same files; a re-run gives byte-identical files
+    write_fasta(tmp_path / "s.fa", records)
+    genome.main(["--input", str(tmp_path / "s.fa"), "--out_dir", str(tmp_path / "plain")])
+    genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "again")])
+    for split in common.SPLITS:
+        assert (tmp_path / "o" / f"{split}.bin").read_bytes() == (tmp_path / "plain" / f"{split}.bin").read_bytes()
+    for p in (tmp_path / "o").iterdir():
+        assert p.read_bytes() == (tmp_path / "again" / p.name).read_bytes(), p.name
+
+
+def test_held_out_chromosomes_and_decode(tmp_path, records):
+    write_fasta(tmp_path / "s.fa.gz", records)
+    counts = genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "o"),
+                          "--val_chroms", "2", "--test_chroms", "chr3"])
+    assert counts == {"train": len(ref_tokens(records[0][1])), "val": len(ref_tokens(records[1][1])),
+                      "test": len(ref_tokens(records[2][1]))} == {"train": 3_265, "val": 1_408, "test": 1_673}
+    train = np.asarray(common.read_bin(tmp_path / "o", "train"))
+    lines = genome.decode(train).splitlines()
+    assert lines == [records[0][1][:19_569].upper()]  # one contig: the bases before the N run
+    test = genome.decode(common.read_bin(tmp_path / "o", "test")).splitlines()
+    assert test == [records[2][1][:5000], records[2][1][5001:]]
+    assert common.load_meta(tmp_path / "o")["holdout_regions"] == {}
+    with pytest.raises(common.PrepareError, match=r"not found.*\['9'\]"):
+        genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "p"), "--val_chroms", "9"])
+    assert not (tmp_path / "p" / "meta.json").exists() and not (tmp_path / "p" / "train.bin").exists()
+
+
+def test_full_chr20(tmp_path, chr20_path, chr20):
+    counts = genome.main(["--input", str(chr20_path), "--out_dir", str(tmp_path)])
+    assert counts == {"train": 9_717_526, "val": 105_046, "test": 95_046}
+    meta = common.load_meta(tmp_path)
+    assert meta["holdout_regions"] == {"20": {"val": [61_765_010, 62_395_265], "test": [62_395_265, 63_025_520]}}
+    assert meta["dropped_bases"] == 3_520_000  # exactly the N bases
+    stats = meta["split_stats"]
+    assert sum(s["bases"] for s in stats.values()) == 59_505_520
+    assert [stats[s]["contigs"] for s in common.SPLITS] == [6, 1, 1]
+    val = np.asarray(common.read_bin(tmp_path, "val"))
+    assert val.tolist() == ref_tokens(chr20[61_765_010:62_395_265])
+    train = np.asarray(common.read_bin(tmp_path, "train"))
+    assert train.max() < 4106 and int((train == 4).sum()) == 6 and not np.isin(train, [0, 1, 2, 3, 5]).any()
+    assert genome.decode(train[:10]) == chr20[60_000:60_060]
+
+
+def test_bad_input(tmp_path):
+    (tmp_path / "empty.fa").write_text("")
+    with pytest.raises(common.PrepareError, match="no FASTA records"):
+        genome.main(["--input", str(tmp_path / "empty.fa"), "--out_dir", str(tmp_path / "o")])
+    write_fasta(tmp_path / "n.fa", [("chr1", "N" * 5000)])
+    with pytest.raises(common.PrepareError, match="split 'train' is empty"):
+        genome.main(["--input", str(tmp_path / "n.fa"), "--out_dir", str(tmp_path / "o")])
+    (tmp_path / "text.fa").write_text("ACGT without a header\n")
+    with pytest.raises(common.PrepareError, match="not a FASTA file"):
+        genome.main(["--input", str(tmp_path / "text.fa"), "--out_dir", str(tmp_path / "o")])
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(common.PrepareError, match="no FASTA file"):
+        genome.main(["--input", str(tmp_path / "dir"), "--out_dir", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())

@@ -1,0 +1,135 @@
+"""prepare/indirect_indexing.py: format, semantics, masks, sizes, seeds, speed."""
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from prepare import common  # noqa: E402
+from prepare import indirect_indexing as ii  # noqa: E402
+
+LINE = re.compile(r"^([A-Za-z]+), ([A-Za-z]), ([+-]\d{1,2}), ([A-Za-z])$")
+
+
+def rows_of(out_dir, split):
+    meta = common.load_meta(out_dir)
+    L = meta["row_len"]
+    toks = np.asarray(common.read_bin(out_dir, split)).reshape(-1, L)
+    mask = np.asarray(common.read_mask(out_dir, split)).reshape(-1, L)
+    return meta, toks, mask
+
+
+def check_rows(toks, mask, min_len, max_len, max_shift):
+    shifts = []
+    for row, m in zip(toks, mask):
+        text = ii.decode(row)
+        line = text.rstrip("\n")
+        assert "\n" not in line and text.endswith("\n")  # one example per row, "\n"-padded
+        mt = LINE.match(line)
+        assert mt, line
+        string, char, shift, target = mt.group(1), mt.group(2), int(mt.group(3)), mt.group(4)
+        assert min_len <= len(string) <= max_len
+        assert len(set(string)) == len(string)  # distinct letters
+        assert -max_shift <= shift <= max_shift
+        idx = string.index(char)
+        assert 0 <= idx + shift < len(string)
+        assert string[idx + shift] == target
+        assert ii.parse_example(line) == (string, char, shift, target)
+        assert ii.format_example(string, char, shift, target) == line
+        # the mask scores exactly the target letter, the last character of the line
+        assert m.sum() == 1 and np.flatnonzero(m)[0] == len(line) - 1
+        assert ii.ITOS[row[len(line) - 1]] == target
+        shifts.append(shift)
+    return np.array(shifts)
+
+
+def test_vocabulary():
+    assert ii.ITOS[:5] == ["\n", " ", "+", ",", "-"]
+    assert len(ii.ITOS) == 67 and len(set(ii.ITOS)) == 67
+    assert "".join(ii.ITOS[5:15]) == "0123456789"
+    assert "".join(ii.ITOS[15:]) == ii.LETTERS
+    assert ii.decode(ii.encode("NZTUIGWkXFrhCJDzscat, N, +4, I")) == "NZTUIGWkXFrhCJDzscat, N, +4, I"
+    assert ii.row_len_for(40, 15) == 52 and ii.row_len_for(12, 3) == 23
+
+
+def test_paper_format_every_row(tmp_path):
+    counts = ii.main(["--n_train", "3000", "--n_val", "500", "--n_test", "500", "--out_dir", str(tmp_path)])
+    assert counts == {"train": 3000 * 52, "val": 500 * 52, "test": 500 * 52}
+    meta = common.load_meta(tmp_path)
+    assert meta["format"] == "indirect_indexing" and meta["vocab_size"] == 67 and meta["row_len"] == 52
+    assert meta["itos"] == ii.ITOS and meta["dtype"] == "uint16"
+    assert meta["n_examples"] == {"train": 3000, "val": 500, "test": 500}
+    seen = {}
+    for split in common.SPLITS:
+        _, toks, mask = rows_of(tmp_path, split)
+        assert (tmp_path / f"{split}.bin").stat().st_size == counts[split] * 2
+        assert (tmp_path / f"{split}_mask.bin").stat().st_size == counts[split]
+        check_rows(toks, mask, 20, 40, 15)
+        seen[split] = {bytes(r) for r in toks}
+    # splits come from different seeds: no shared example
+    assert not (seen["train"] & seen["val"]) and not (seen["train"] & seen["test"]) and not (seen["val"] & seen["test"])
+
+
+def test_shift_is_uniform_and_lengths_cover_range():
+    rng = np.random.default_rng(0)
+    rows, tpos = ii.generate_rows(62_000, rng)
+    text = [ii.decode(r).rstrip("\n") for r in rows[:2000]]
+    assert all(LINE.match(t) for t in text)
+    shift = np.array([ii.parse_example(t)[2] for t in text])
+    assert shift.min() == -15 and shift.max() == 15
+    # shift uniform over the 31 values: read it from the rows' sign/digits columns of all 62k rows
+    lens = np.argmax(rows == ii.STOI[","], axis=1)  # the string ends at the first comma
+    assert lens.min() == 20 and lens.max() == 40
+    sign = rows[np.arange(len(rows)), lens + 5]
+    digits = [(r[l + 6:l + 8]) for r, l in zip(rows, lens)]
+    vals = np.array([int("".join(ii.ITOS[d] for d in ds if ii.ITOS[d].isdigit())) for ds in digits])
+    vals = np.where(sign == ii.STOI["-"], -vals, vals)
+    counts = np.bincount(vals + 15, minlength=31)
+    assert counts.sum() == 62_000
+    assert counts.min() > 1700 and counts.max() < 2300  # expected 2000 each
+    assert np.array_equal(tpos, lens + 9 + (np.abs(vals) >= 10))
+
+
+def test_idempotent_and_seeded(tmp_path):
+    args = ["--n_train", "2000", "--n_val", "100", "--n_test", "100"]
+    ii.main(args + ["--out_dir", str(tmp_path / "a")])
+    ii.main(args + ["--out_dir", str(tmp_path / "b")])
+    ii.main(args + ["--out_dir", str(tmp_path / "c"), "--seed", "7"])
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert names == ["meta.json", "test.bin", "test_mask.bin", "train.bin", "train_mask.bin", "val.bin", "val_mask.bin"]
+    for n in names:
+        assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes(), n
+    assert (tmp_path / "a" / "train.bin").read_bytes() != (tmp_path / "c" / "train.bin").read_bytes()
+
+
+def test_paper_sizes_are_fast(tmp_path):
+    t0 = time.time()
+    counts = ii.main(["--out_dir", str(tmp_path)])
+    elapsed = time.time() - t0
+    assert counts == {"train": 52_000_000, "val": 520_000, "test": 520_000}
+    assert (tmp_path / "train.bin").stat().st_size == 104_000_000
+    mask = np.memmap(tmp_path / "train_mask.bin", dtype=np.uint8, mode="r")
+    assert int(mask.sum(dtype=np.int64)) == 1_000_000
+    assert elapsed < 60, f"1M examples took {elapsed:.1f}s"
+
+
+def test_quick_variant(tmp_path):
+    counts = ii.main(["--quick", "--n_train", "1000", "--n_val", "200", "--n_test", "200", "--out_dir", str(tmp_path)])
+    meta, toks, mask = rows_of(tmp_path, "val")
+    assert meta["row_len"] == 23 and meta["string_len"] == [8, 12] and meta["max_shift"] == 3
+    assert counts == {"train": 23_000, "val": 4_600, "test": 4_600}
+    shifts = check_rows(toks, mask, 8, 12, 3)
+    assert set(shifts.tolist()) == set(range(-3, 4))
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(common.PrepareError, match="max_shift < min_len"):
+        ii.main(["--min_len", "10", "--max_shift", "10", "--out_dir", str(tmp_path)])
+    with pytest.raises(common.PrepareError, match="n_val must be positive"):
+        ii.main(["--n_val", "0", "--out_dir", str(tmp_path)])
+    assert not any(tmp_path.iterdir())

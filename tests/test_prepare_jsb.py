@@ -1,0 +1,138 @@
+"""prepare/jsb.py on the real JSB Chorales (../shared/data/music): counts,
+exact round trip against the JSON, npz == json, idempotency, bad input."""
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from prepare import common  # noqa: E402
+from prepare import jsb  # noqa: E402
+
+
+def shared_data():
+    env = os.environ.get("POPE_SHARED_DATA")
+    path = Path(env) if env else REPO.parent / "shared" / "data"
+    if not path.is_dir():
+        (pytest.fail if env else pytest.skip)(f"shared data not found at {path} (set POPE_SHARED_DATA)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def music():
+    return shared_data() / "music"
+
+
+@pytest.fixture(scope="module")
+def prepared(music, tmp_path_factory):
+    out = tmp_path_factory.mktemp("jsb")
+    counts = jsb.main(["--input", str(music / "Jsb16thSeparated.npz"), "--out_dir", str(out)])
+    return out, counts
+
+
+def test_vocabulary():
+    assert len(jsb.ITOS) == 90 and len(set(jsb.ITOS)) == 90
+    assert jsb.ITOS[:3] == ["<s>", "R", "A0"]
+    assert jsb.ITOS[60 - 21 + 2] == "C4" and jsb.ITOS[-1] == "C8" and jsb.ITOS[81 - 19] == "A5"
+
+
+def test_encode_prompt():
+    assert jsb.encode("<s> C5 G4 E4 C3 . R A#2") == [0, 72 - 19, 67 - 19, 64 - 19, 48 - 19, 1, 1, 46 - 19]
+    assert jsb.roll_from_ids(jsb.encode("<s> C5 G4 E4 C3")).tolist() == [[72, 67, 64, 48]]
+    with pytest.raises(ValueError, match="unknown JSB token 'H2'"):
+        jsb.encode("C4 H2")
+
+
+def test_counts(prepared):
+    out, counts = prepared
+    meta = common.load_meta(out)
+    assert meta["format"] == "jsb" and meta["vocab_size"] == 90 and meta["itos"] == jsb.ITOS
+    assert meta["row_len"] == 2048 and meta["dtype"] == "uint16"
+    assert meta["chorales"] == {"train": 229, "val": 76, "test": 77}
+    assert meta["rows"] == {"train": 231, "val": 79, "test": 79}
+    assert meta["chorales_split_over_rows"] == {"train": 2, "val": 3, "test": 2}
+    # 4 tokens per 16th-note step: 55,228 / 18,408 / 18,900 steps
+    assert meta["scored_tokens"] == {"train": 220_912, "val": 73_632, "test": 75_600}
+    assert counts == {"train": 231 * 2048, "val": 79 * 2048, "test": 79 * 2048}
+    for split, n in counts.items():
+        toks = np.asarray(common.read_bin(out, split))
+        mask = np.asarray(common.read_mask(out, split))
+        assert len(toks) == len(mask) == n
+        rows, mrows = toks.reshape(-1, 2048), mask.reshape(-1, 2048)
+        assert (rows[:, 0] == jsb.START).all() and (mrows[:, 0] == 0).all()
+        assert (toks[mask == 1] != jsb.START).all() and (toks[mask == 0] == jsb.START).all()
+        assert toks.max() < 90
+
+
+def test_exact_round_trip_against_json(prepared, music):
+    out, _ = prepared
+    ref = json.loads((music / "Jsb16thSeparated.json").read_text())
+    for split, key in jsb.SOURCE_SPLITS.items():
+        toks = np.asarray(common.read_bin(out, split))
+        mask = np.asarray(common.read_mask(out, split))
+        roll = jsb.roll_from_ids(toks[mask == 1])
+        expect = np.concatenate([np.asarray(p) for p in ref[key]])
+        assert roll.shape == expect.shape
+        assert np.array_equal(roll, expect), split
+    # piece by piece for the first test chorale, and encode/roll are inverse
+    first = np.asarray(ref["test"][0])
+    assert np.array_equal(jsb.roll_from_ids(jsb.encode_piece(first)), first)
+    assert list(jsb.encode_piece(first[:1])) == [first[0, v] - 19 for v in range(4)]
+
+
+def test_npz_and_json_give_identical_bins_and_rerun_is_identical(prepared, music, tmp_path):
+    out, _ = prepared
+    jsb.main(["--input", str(music / "Jsb16thSeparated.json"), "--out_dir", str(tmp_path / "json")])
+    jsb.main(["--input", str(music / "Jsb16thSeparated.npz"), "--out_dir", str(tmp_path / "again")])
+    for split in common.SPLITS:
+        for name in (f"{split}.bin", f"{split}_mask.bin"):
+            assert (out / name).read_bytes() == (tmp_path / "json" / name).read_bytes(), name
+    for p in out.iterdir():
+        assert p.read_bytes() == (tmp_path / "again" / p.name).read_bytes(), p.name
+
+
+def test_long_chorale_continues_in_next_row(tmp_path):
+    steps = 600  # > 511 steps per row
+    roll = np.tile(np.array([[72, 67, 64, -1]]), (steps, 1))
+    rows, masks = jsb.rows_for_piece(roll, 2048)
+    assert len(rows) == 2 and [int(m.sum()) for m in masks] == [511 * 4, 89 * 4]
+    assert np.array_equal(jsb.roll_from_ids(np.concatenate(rows)), roll)
+
+
+def test_decode_and_save_sample(prepared, tmp_path):
+    out, _ = prepared
+    toks = np.asarray(common.read_bin(out, "test"))[:2048]
+    text = jsb.decode(toks[:9])
+    assert text.splitlines() == ["step    S    A    T    B", "   0   F4   C4   A3   F3", "   1   F4   C4   A3   F3"]
+    path = jsb.save_sample(toks, common.load_meta(out), tmp_path / "sample")
+    try:
+        import symusic
+    except ImportError:
+        assert path.endswith(".txt") and Path(path).read_text().startswith("step")
+        return
+    assert path.endswith(".mid")
+    score = symusic.Score(path)
+    assert [t.name for t in score.tracks] == ["S", "A", "T", "B"]
+    assert min(n.pitch for t in score.tracks for n in t.notes) >= 36
+
+
+def test_bad_input(tmp_path):
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"train": [[[60, 55, 52, 48]]], "valid": [[[60, 55, 52, 48]]], "test": []}))
+    with pytest.raises(common.PrepareError, match="split 'test' is empty"):
+        jsb.main(["--input", str(empty), "--out_dir", str(tmp_path / "o")])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"train": [[[60, 55, 52, 130]]], "valid": [[[60, 55, 52, 48]]], "test": [[[60, 55, 52, 48]]]}))
+    with pytest.raises(common.PrepareError, match="pitch 130 outside 21..108"):
+        jsb.main(["--input", str(bad), "--out_dir", str(tmp_path / "o")])
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(common.PrepareError, match="no .npz or .json"):
+        jsb.main(["--input", str(tmp_path / "folder"), "--out_dir", str(tmp_path / "o")])
+    with pytest.raises(common.PrepareError, match="does not exist"):
+        jsb.main(["--input", str(tmp_path / "nope.npz"), "--out_dir", str(tmp_path / "o")])
+    assert not (tmp_path / "o" / "meta.json").exists()

@@ -1,0 +1,166 @@
+"""prepare/maestro.py on a slice of the real MAESTRO v2.0.0 sample
+(../shared/data/music/maestro), made inside the test: the official split,
+REMI vocabulary, transposition (checked against transposing the MIDI),
+corrupt and missing files skipped and counted, MIDI round trip,
+idempotency, empty input, and the message when miditok is missing."""
+import csv
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from prepare import common  # noqa: E402
+from prepare import maestro  # noqa: E402
+
+# the shortest pieces of each split, so that the test stays fast
+TRAIN = ["2011/MIDI-Unprocessed_22_R1_2011_MID--AUDIO_R1-D8_12_Track12_wav.midi",
+         "2008/MIDI-Unprocessed_08_R1_2008_01-05_ORIG_MID--AUDIO_08_R1_2008_wav--5.midi"]
+VAL = ["2015/MIDI-Unprocessed_R1_D1-1-8_mid--AUDIO-from_mp3_06_R1_2015_wav--3.midi"]
+TEST = ["2008/MIDI-Unprocessed_09_R3_2008_01-07_ORIG_MID--AUDIO_09_R3_2008_wav--2.midi"]
+
+
+def shared_data():
+    env = os.environ.get("POPE_SHARED_DATA")
+    path = Path(env) if env else REPO.parent / "shared" / "data"
+    if not path.is_dir():
+        (pytest.fail if env else pytest.skip)(f"shared data not found at {path} (set POPE_SHARED_DATA)")
+    return path
+
+
+def test_missing_miditok_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "miditok", None)  # makes `import miditok` fail
+    with pytest.raises(common.PrepareError, match=r"pip install miditok"):
+        maestro.make_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def src():
+    return shared_data() / "music" / "maestro"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    pytest.importorskip("miditok", reason="pip install miditok for the MAESTRO tests")
+    return maestro.make_tokenizer()
+
+
+def make_slice(src, dst, extra_rows=()):
+    """A MAESTRO folder with the chosen rows of the real csv (and files), a
+    corrupt (truncated) MIDI listed as train and a train row whose file is missing."""
+    with open(src / "maestro-v2.0.0.csv", newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        fields, rows = reader.fieldnames, {r["midi_filename"]: r for r in reader}
+    chosen = [rows[n] for n in TRAIN + VAL + TEST]
+    for r in chosen:
+        (dst / r["midi_filename"]).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / r["midi_filename"], dst / r["midi_filename"])
+    data = (src / TRAIN[0]).read_bytes()
+    (dst / "2011" / "corrupt.midi").write_bytes(data[:len(data) // 2])
+    chosen.insert(1, dict(chosen[0], midi_filename="2011/corrupt.midi"))
+    chosen.insert(2, dict(chosen[0], midi_filename="2011/missing.midi"))
+    with open(dst / "maestro-v2.0.0.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(chosen + list(extra_rows))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def prepared(src, tok, tmp_path_factory):
+    folder = make_slice(src, tmp_path_factory.mktemp("maestro_in"))
+    out = tmp_path_factory.mktemp("maestro_out")
+    counts = maestro.main(["--input", str(folder), "--out_dir", str(out), "--num_proc", "2"])
+    return folder, out, counts
+
+
+def test_vocabulary(tok):
+    itos = maestro.itos_of(tok)
+    assert len(itos) == 328
+    assert itos[:4] == ["PAD_None", "BOS_None", "EOS_None", "Bar_None"]
+    kinds = {}
+    for name in itos:
+        kinds[name.split("_")[0]] = kinds.get(name.split("_")[0], 0) + 1
+    assert kinds == {"PAD": 1, "BOS": 1, "EOS": 1, "Bar": 1, "Pitch": 89, "Velocity": 32, "Duration": 64,
+                     "Position": 96, "Tempo": 32, "TimeSig": 9, "Pedal": 1, "PedalOff": 1}
+    assert "Pitch_21" in itos and "Pitch_109" in itos and "Pitch_20" not in itos and "Pitch_110" not in itos
+
+
+def test_counts_split_and_skips(prepared):
+    folder, out, counts = prepared
+    meta = common.load_meta(out)
+    assert meta["format"] == "maestro" and meta["vocab_size"] == 328 and meta["dtype"] == "uint16"
+    assert meta["pieces"] == {"train": 2, "val": 1, "test": 1}
+    assert meta["skipped_corrupt"] == 1 and meta["skipped_corrupt_files"] == ["2011/corrupt.midi"]
+    assert meta["missing"] == 1 and meta["skipped_empty"] == 0
+    assert meta["transpose"] == [0, -1, 1, -2, 2, -3, 3]
+    # the second train piece reaches pitch 107: +3 would leave Pitch_21..Pitch_109, so it is left out
+    assert meta["transpositions_skipped"] == 1
+    assert meta["sequences"] == {"train": 7 + 6, "val": 1, "test": 1}
+    # BOS + tokens + EOS per sequence: 641 and 4,931 REMI tokens (train), 2,436 (val), 3,283 (test)
+    assert counts == {"train": 7 * (641 + 2) + 6 * (4_931 + 2), "val": 2_436 + 2, "test": 3_283 + 2}
+    assert counts == {"train": 34_099, "val": 2_438, "test": 3_285}
+
+
+def test_streams_match_direct_tokenization_and_midi_transposition(prepared, tok):
+    folder, out, counts = prepared
+    for split, names in (("val", VAL), ("test", TEST)):
+        status, ids = maestro.tokenize_file(folder / names[0], tok)
+        assert status == "ok"
+        assert np.asarray(common.read_bin(out, split)).tolist() == [maestro.BOS] + ids.tolist() + [maestro.EOS]
+    train = np.asarray(common.read_bin(out, "train"))
+    bos, eos = np.flatnonzero(train == maestro.BOS), np.flatnonzero(train == maestro.EOS)
+    seqs = [train[b + 1:e] for b, e in zip(bos, eos)]
+    assert len(seqs) == 13 and eos[-1] == len(train) - 1
+    # each piece transposed by 0, -1, +1, -2, +2, -3, +3: the same tokens as transposing the MIDI itself
+    import symusic
+    for piece, first, offsets in ((TRAIN[0], 0, [0, -1, 1, -2, 2, -3, 3]), (TRAIN[1], 7, [0, -1, 1, -2, 2, -3])):
+        score = symusic.Score(str(folder / piece))
+        for seq, k in zip(seqs[first:first + len(offsets)], offsets):
+            assert seq.tolist() == tok.encode(score.shift_pitch(k))[0].ids, (piece, k)
+    assert max(n.pitch for n in symusic.Score(str(folder / TRAIN[1])).tracks[0].notes) + 3 > maestro.PITCH_HIGH
+
+
+def test_decode_and_midi_round_trip(prepared, tmp_path, tok):
+    folder, out, _ = prepared
+    meta = common.load_meta(out)
+    val = np.asarray(common.read_bin(out, "val"))
+    text = maestro.decode(val[:40], meta)
+    assert text.startswith("BOS_None\nBar_None TimeSig_4/4 Position_0 ")
+    assert text.split() == [meta["itos"][i] for i in val[:40]]
+    assert maestro.encode(maestro.decode(val, meta), meta) == val.tolist()
+    path = maestro.save_sample(val, meta, tmp_path / "sample")
+    assert path.endswith(".mid")
+    status, ids = maestro.tokenize_file(path, tok)
+    assert status == "ok" and ids.tolist() == val[1:-1].tolist()
+
+
+def test_rerun_is_byte_identical(prepared, tmp_path):
+    folder, out, _ = prepared
+    maestro.main(["--input", str(folder), "--out_dir", str(tmp_path), "--num_proc", "1"])
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["meta.json", "test.bin", "train.bin", "val.bin"]
+    for n in names:
+        assert (out / n).read_bytes() == (tmp_path / n).read_bytes(), n
+
+
+def test_empty_and_unreadable_input(src, tok, tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "maestro-v2.0.0.csv").write_text(
+        "canonical_composer,canonical_title,split,year,midi_filename,audio_filename,duration\n")
+    with pytest.raises(common.PrepareError, match="lists no MIDI files"):
+        maestro.main(["--input", str(tmp_path / "empty"), "--out_dir", str(tmp_path / "o"), "--num_proc", "1"])
+    (tmp_path / "nocsv").mkdir()
+    with pytest.raises(common.PrepareError, match="no maestro-v"):
+        maestro.main(["--input", str(tmp_path / "nocsv"), "--out_dir", str(tmp_path / "o"), "--num_proc", "1"])
+    # every test file corrupt: an error that names the counts
+    folder = make_slice(src, tmp_path / "bad")
+    (folder / TEST[0]).write_bytes(b"MThd not really a midi file")
+    with pytest.raises(common.PrepareError, match=r"no readable MIDI file in split 'test'.*2 corrupt"):
+        maestro.main(["--input", str(folder), "--out_dir", str(tmp_path / "o"), "--num_proc", "1"])
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").glob("*.bin"))

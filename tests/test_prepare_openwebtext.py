@@ -1,0 +1,145 @@
+"""prepare/openwebtext.py on the real OWT sample and English corpora
+(../shared/data/text): counts, the split rule, EOT placement, exact decode,
+worker-count independence, idempotency, bad input, offline failure."""
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from prepare import common  # noqa: E402
+from prepare import openwebtext as owt  # noqa: E402
+
+
+def shared_data():
+    env = os.environ.get("POPE_SHARED_DATA")
+    path = Path(env) if env else REPO.parent / "shared" / "data"
+    if not path.is_dir():
+        (pytest.fail if env else pytest.skip)(f"shared data not found at {path} (set POPE_SHARED_DATA)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def text_dir():
+    return shared_data() / "text"
+
+
+@pytest.fixture(scope="module")
+def docs(text_dir):
+    return [json.loads(line)["text"] for line in open(text_dir / "owt_sample.jsonl", encoding="utf-8")]
+
+
+@pytest.fixture(scope="module")
+def prepared(text_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("owt")
+    counts = owt.main(["--input", str(text_dir / "owt_sample.jsonl"), "--out_dir", str(out), "--num_proc", "2"])
+    return out, counts
+
+
+def test_split_rule():
+    is_val = owt.val_documents(1000)
+    assert is_val.sum() == 1 and np.flatnonzero(is_val)[0] == np.random.default_rng(2357).permutation(1000)[0]
+    assert owt.val_documents(2).sum() == 1
+    assert owt.val_documents(8_013_769).sum() == math.ceil(0.0005 * 8_013_769) == 4_007
+    with pytest.raises(common.PrepareError, match="at least 2 documents"):
+        owt.val_documents(1)
+
+
+def test_owt_sample_counts_and_exact_decode(prepared, docs):
+    out, counts = prepared
+    assert len(docs) == 1000
+    assert counts == {"train": 1_053_684, "val": 1_315}
+    meta = common.load_meta(out)
+    assert meta["tokenizer"] == "gpt2" and meta["vocab_size"] == 50257 and meta["dtype"] == "uint16"
+    assert meta["documents"] == {"train": 999, "val": 1} and meta["format"] == "openwebtext"
+    assert not (out / "test.bin").exists() and not (out / "train_mask.bin").exists()
+    enc = owt.get_encoding()
+    val_doc = int(np.random.default_rng(2357).permutation(1000)[0])
+    val = np.asarray(common.read_bin(out, "val"))
+    assert val[-1] == 50256 and (val[:-1] != 50256).all()
+    assert enc.decode(val[:-1].tolist()) == docs[val_doc]
+    assert owt.decode(val[:-1], meta) == docs[val_doc]
+    train = np.asarray(common.read_bin(out, "train"))
+    ends = np.flatnonzero(train == 50256)
+    assert len(ends) == 999 and ends[-1] == len(train) - 1
+    # train documents in input order, each exactly its text, then EOT
+    train_docs = [d for i, d in enumerate(docs) if i != val_doc]
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    for k in (0, 1, 500, 998):
+        assert enc.decode(train[starts[k]:ends[k]].tolist()) == train_docs[k]
+    assert sum(len(enc.encode_ordinary(d)) + 1 for d in docs) == 1_054_999
+
+
+def test_workers_batches_and_reruns_give_identical_files(prepared, text_dir, docs, tmp_path, monkeypatch):
+    # a 300-document slice: 1 worker in one batch, then 2 workers in batches of 7 documents
+    sl = tmp_path / "slice.jsonl"
+    sl.write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs[:300]), encoding="utf-8")
+    owt.main(["--input", str(sl), "--out_dir", str(tmp_path / "a"), "--num_proc", "1"])
+    monkeypatch.setattr(owt, "BATCH_DOCS", 7)
+    owt.main(["--input", str(sl), "--out_dir", str(tmp_path / "b"), "--num_proc", "2"])
+    meta = common.load_meta(tmp_path / "a")
+    assert meta["documents"] == {"train": 299, "val": 1}
+    for name in ("train.bin", "val.bin", "meta.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_txt_input(text_dir, tmp_path):
+    counts = owt.main(["--input", str(text_dir / "english" / "inaugural.txt"), "--out_dir", str(tmp_path / "i")])
+    meta = common.load_meta(tmp_path / "i")
+    assert meta["documents"] == {"train": 58, "val": 1}  # 59 addresses, ceil(0.0005 * 59) = 1 to val
+    assert sum(counts.values()) == 59 + sum(
+        len(owt.get_encoding().encode_ordinary(d))
+        for d in (text_dir / "english" / "inaugural.txt").read_text(encoding="utf-8").rstrip("\n").split("\n\n\n"))
+    # a folder: every .txt/.jsonl under it in sorted order; --txt_doc_sep "" = one document per file
+    text = (text_dir / "english" / "inaugural.txt").read_text(encoding="utf-8")
+    d = tmp_path / "dir"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.txt").write_text(text[:5000], encoding="utf-8")
+    (d / "sub" / "b.txt").write_text(text[5000:9000], encoding="utf-8")
+    (d / "c.jsonl").write_text(json.dumps({"text": text[9000:9500]}) + "\n", encoding="utf-8")
+    (d / "ignored.csv").write_text("x\n")
+    owt.main(["--input", str(d), "--out_dir", str(tmp_path / "j"), "--txt_doc_sep", "", "--num_proc", "1"])
+    meta = common.load_meta(tmp_path / "j")
+    assert meta["source"] == ["a.txt", "c.jsonl", "sub/b.txt"]
+    assert meta["documents"] == {"train": 2, "val": 1}
+    ids = np.concatenate([common.read_bin(tmp_path / "j", s) for s in ("train", "val")])
+    assert sorted(owt.decode(ids).split("<|endoftext|>")[:-1]) == sorted([text[:5000], text[9000:9500], text[5000:9000]])
+
+
+def test_bad_input(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(common.PrepareError, match="no documents"):
+        owt.main(["--input", str(tmp_path / "empty.jsonl"), "--out_dir", str(tmp_path / "o")])
+    (tmp_path / "one.jsonl").write_text(json.dumps({"text": "only one document"}) + "\n")
+    with pytest.raises(common.PrepareError, match="at least 2 documents"):
+        owt.main(["--input", str(tmp_path / "one.jsonl"), "--out_dir", str(tmp_path / "o")])
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": broken\n')
+    with pytest.raises(common.PrepareError, match=r"bad.jsonl:2: not a JSON line"):
+        owt.main(["--input", str(tmp_path / "bad.jsonl"), "--out_dir", str(tmp_path / "o")])
+    (tmp_path / "field.jsonl").write_text('{"body": "x"}\n{"body": "y"}\n')
+    with pytest.raises(common.PrepareError, match="no 'text' field"):
+        owt.main(["--input", str(tmp_path / "field.jsonl"), "--out_dir", str(tmp_path / "o")])
+    (tmp_path / "d").mkdir()
+    with pytest.raises(common.PrepareError, match="no .jsonl/.json/.txt file"):
+        owt.main(["--input", str(tmp_path / "d"), "--out_dir", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("datasets") is not None, reason="datasets is installed: would try the hub")
+def test_without_input_fails_fast_naming_what_to_do(tmp_path):
+    t0 = time.time()
+    r = subprocess.run([sys.executable, str(REPO / "prepare" / "openwebtext.py"), "--out_dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "pip install datasets" in r.stderr and "--input" in r.stderr and "Skylion007/openwebtext" in r.stderr
+    assert time.time() - t0 < 60
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,139 @@
+"""prepare/ as scripts and as a package, prepare/common.py's helpers, and the
+task configs (config/<task>_{pope,rope}.py, config/indirect_indexing_quick.py)."""
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from prepare import common  # noqa: E402
+
+SCRIPTS = ["openwebtext", "indirect_indexing", "jsb", "maestro", "genome"]
+TASKS = ["indirect_indexing", "jsb", "maestro", "genome"]
+
+
+def test_every_script_runs_with_help():
+    for name in SCRIPTS:
+        r = subprocess.run([sys.executable, str(REPO / "prepare" / f"{name}.py"), "--help"],
+                           capture_output=True, text=True, timeout=120, cwd="/")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("usage: ") and "--out_dir" in r.stdout, name
+
+
+def test_import_is_light_and_modules_have_decode():
+    code = ("import sys, prepare.openwebtext, prepare.indirect_indexing, prepare.jsb, prepare.maestro, prepare.genome\n"
+            "heavy = [m for m in ('tiktoken', 'miditok', 'symusic', 'datasets', 'torch', 'tqdm') if m in sys.modules]\n"
+            "print(heavy)\n"
+            "for n in ('openwebtext', 'indirect_indexing', 'jsb', 'maestro', 'genome'):\n"
+            "    m = sys.modules['prepare.' + n]\n"
+            "    assert callable(m.encode) and callable(m.decode) and m.NAME == n and m.__doc__.count('Usage:') == 1, n\n"
+            "assert callable(prepare.jsb.save_sample) and callable(prepare.maestro.save_sample)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=str(REPO))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_fallback_progress_printer(monkeypatch, capsys):
+    monkeypatch.setenv("POPE_NO_TQDM", "1")
+    bar = common.progress(range(5), desc="items", unit="it")
+    assert isinstance(bar, common._Printer)
+    assert list(bar) == [0, 1, 2, 3, 4]
+    assert capsys.readouterr().err.strip().startswith("items: 5/5 it (100%)")
+    with common.progress(total=None, desc="bytes", unit="B") as b:
+        b.update(1234)
+    assert capsys.readouterr().err.strip().startswith("bytes: 1,234 B")
+
+
+def test_bin_writer_is_atomic_and_checks_range(tmp_path):
+    w = common.BinWriter(tmp_path / "x.bin", np.uint16)
+    w.write([1, 2, 3])
+    assert not (tmp_path / "x.bin").exists()  # only the .tmp until close
+    assert w.close() == 3
+    assert np.fromfile(tmp_path / "x.bin", dtype=np.uint16).tolist() == [1, 2, 3]
+    w = common.BinWriter(tmp_path / "y.bin", np.uint16)
+    with pytest.raises(ValueError, match="out of range"):
+        w.write([70000])
+    w.abort()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.bin"]
+    assert common.dtype_for_vocab(65536) == np.uint16 and common.dtype_for_vocab(65537) == np.uint32
+
+
+def test_download_fails_fast_with_the_hint(tmp_path):
+    t0 = time.time()
+    with pytest.raises(common.PrepareError, match=r"could not download http://127.0.0.1:9/x.npz .*pass it with --input"):
+        common.download("http://127.0.0.1:9/x.npz", tmp_path / "x.npz", hint="Download it and pass it with --input FILE.",
+                        timeout=5)
+    assert time.time() - t0 < 30
+    assert not any(tmp_path.iterdir())
+
+
+def test_missing_input_exits_2_with_one_line(tmp_path):
+    r = subprocess.run([sys.executable, str(REPO / "prepare" / "jsb.py"), "--input", str(tmp_path / "none.npz"),
+                        "--out_dir", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == f"error: --input {tmp_path / 'none.npz'} does not exist"
+
+
+# -----------------------------------------------------------------------------
+# configs
+
+def read_config(path):
+    scope = {}
+    exec(path.read_text(), {}, scope)
+    return {k: v for k, v in scope.items() if not k.startswith("_")}
+
+
+def train_defaults():
+    """The configurator's keys and default types, read from train.py's defaults block."""
+    src = (REPO / "train.py").read_text()
+    block = src[src.index("# I/O"):src.index("config_keys")]
+    scope = {}
+    exec(block, {}, scope)
+    return scope
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_task_configs(task):
+    defaults = train_defaults()
+    pope = read_config(REPO / "config" / f"{task}_pope.py")
+    rope = read_config(REPO / "config" / f"{task}_rope.py")
+    for cfg in (pope, rope):
+        for k, v in cfg.items():
+            assert k in defaults, f"{task}: unknown key {k}"
+            want = type(defaults[k])
+            assert type(v) is want or (want is float and type(v) is int), f"{task}: {k}={v!r} is not {want.__name__}"
+    assert {k for k in pope if pope[k] != rope.get(k)} == {"pos_emb", "out_dir"} and pope.keys() == rope.keys()
+    assert pope["pos_emb"] == "pope" and rope["pos_emb"] == "rope" and pope["dataset"] == task
+    assert pope["pope_delta_init"] == "uniform"
+    text = (REPO / "config" / f"{task}_pope.py").read_text()
+    assert text.startswith("#") and f"python train.py config/{task}_pope.py" in text
+    paper = {"indirect_indexing": (8, 8, 512, 100_000), "jsb": (6, 8, 256, 3_000),
+             "maestro": (6, 8, 384, 60_000), "genome": (16, 16, 1024, None)}[task]
+    assert (pope["n_layer"], pope["n_head"], pope["n_embd"]) == paper[:3]
+    if paper[3]:
+        assert pope["max_iters"] == paper[3]
+    if task == "indirect_indexing":
+        assert (pope["batch_size"], pope["learning_rate"], pope["min_lr"], pope["warmup_iters"], pope["beta2"]) == \
+            (64, 2e-4, 2e-5, 4000, 0.99)
+        assert pope["block_size"] == 52 - 1
+    if task == "jsb":
+        assert pope["block_size"] >= 2048 - 1
+    if task == "maestro":
+        assert pope["block_size"] == 2048
+    if task == "genome":
+        assert pope["block_size"] == 1000
+
+
+def test_quick_config_matches_quick_data():
+    from prepare import indirect_indexing as ii
+    cfg = read_config(REPO / "config" / "indirect_indexing_quick.py")
+    defaults = train_defaults()
+    assert all(k in defaults for k in cfg)
+    assert cfg["dataset"] == ii.QUICK["name"] and cfg["pos_emb"] == "pope"
+    assert cfg["block_size"] == ii.row_len_for(ii.QUICK["max_len"], ii.QUICK["max_shift"]) - 1 == 22
+    assert (cfg["device"], cfg["dtype"], cfg["compile"]) == ("cpu", "float32", False)
+    assert "python prepare/indirect_indexing.py --quick" in (REPO / "config" / "indirect_indexing_quick.py").read_text()
