@@ -50,7 +50,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out_dir", default="out", help="folder holding ckpt.pt")
     p.add_argument("--ckpt", default=None, help="checkpoint path (default: out_dir/ckpt.pt)")
-    p.add_argument("--start", default="\n", help="prompt text, or FILE:path to read it from a file")
+    p.add_argument("--start", default="\n", help="prompt text, or FILE:path to read it from a file "
+                   "(for prepare/ formats: that module's token names, see python prepare/NAME.py --help)")
     p.add_argument("--num_samples", type=int, default=3)
     p.add_argument("--max_new_tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=0.8)
@@ -69,8 +70,9 @@ def main(argv=None):
     meta = ckpt.get("meta", {})
     fmt = importlib.import_module("prepare." + meta["format"]) if meta.get("format") else None
     encode, decode = load_codec(meta)
-    if fmt is not None and hasattr(fmt, "decode"):
-        decode = lambda ids: fmt.decode(ids, meta)  # noqa: E731
+    if fmt is not None:  # the dataset's own token names, e.g. "<s> C5 G4 E4 C3" for JSB
+        encode = (lambda s: fmt.encode(s, meta)) if hasattr(fmt, "encode") else encode  # noqa: E731
+        decode = (lambda ids: fmt.decode(ids, meta)) if hasattr(fmt, "decode") else decode  # noqa: E731
 
     start = args.start
     if start.startswith("FILE:"):
@@ -78,8 +80,8 @@ def main(argv=None):
             start = f.read()
     try:
         ids = encode(start) if start else []
-    except ValueError as e:
-        sys.exit(f"error: cannot encode --start: {e}")
+    except (ValueError, KeyError, SystemExit) as e:
+        sys.exit(f"error: cannot encode --start={start[:40]!r}: {e}")
     if not ids:
         sys.exit("error: the prompt encodes to no tokens; give a non-empty --start")
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]
