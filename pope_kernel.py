@@ -55,6 +55,7 @@ Usage:
     TRITON_INTERPRET=1 python -m pytest tests/test_kernel.py   # CPU tests
 """
 
+import contextlib
 import math
 import os
 
@@ -663,11 +664,21 @@ _THETA_CACHE = {}
 
 def _theta(D, base, device):
     key = (D, float(base), device)
-    if key not in _THETA_CACHE:
+    theta = _THETA_CACHE.get(key)
+    if theta is None:
         # rounded from float64 exactly as pope_frequencies does, so that phase =
         # pos*theta is the same float32 number as in the reference
-        _THETA_CACHE[key] = pope_frequencies(D, base, device, torch.float32)
-    return _THETA_CACHE[key]
+        theta = pope_frequencies(D, base, device, torch.float32)
+        # one made while a CUDA graph is captured holds its values only in
+        # replays of that graph: use it, don't keep it
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _THETA_CACHE[key] = theta
+    return theta
+
+
+def _on_device(x):
+    # Triton launches on the current CUDA device, whatever the tensors' device
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
 def _dot_precision(dtype):
@@ -692,6 +703,11 @@ def _cartesian(x, theta, delta, pos0, is_mu, o=None, do=None):
 
 
 def _fwd(q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu, k_from_raw=False, blocks=None):
+    with _on_device(q):
+        return _fwd_on_device(q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu, k_from_raw, blocks)
+
+
+def _fwd_on_device(q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu, k_from_raw, blocks):
     B, H, Tq, D = q.shape
     Tk = k.size(2)
     theta = _theta(D, base, q.device)
@@ -712,6 +728,11 @@ def _fwd(q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu, k_from_raw=F
 def _bwd(do, q, k, v, delta, out, lse, causal, sm_scale, base, q_offset, k_is_mu, stages=None):
     """dq, dk, dv and ddelta (w.r.t. the clamped float32 delta). `stages`, for
     timing only, names the launches to run."""
+    with _on_device(q):
+        return _bwd_on_device(do, q, k, v, delta, out, lse, causal, sm_scale, base, q_offset, k_is_mu, stages)
+
+
+def _bwd_on_device(do, q, k, v, delta, out, lse, causal, sm_scale, base, q_offset, k_is_mu, stages):
     B, H, Tq, D = q.shape
     Tk = k.size(2)
     run = lambda name: stages is None or name in stages
@@ -1042,7 +1063,7 @@ def _bench(shapes, variants=False):
                   flush=True)
         if variants:
             _variants(q, k, v, delta, do)
-        del q, k, v, q128, k128, v128, leaves
+        paths = leaves = q = k = v = q128 = k128 = v128 = None  # free this shape's tensors
         torch.cuda.empty_cache()
     return rows
 

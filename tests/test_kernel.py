@@ -1,0 +1,290 @@
+"""The PoPE Triton kernel on the CPU, under Triton's interpreter.
+
+Forward and all four gradients (dq, dk, dv, ddelta) against a float64 reference
+written here from the formula (an einsum of cos((s - t) theta_c + delta_c), not
+pope_attention_reference), at shapes drawn fresh on every run: decoding (Tq = 1,
+q_offset = Tk - 1), lengths that are no multiple of a block, non-causal, D = 32
+and 64, k given as mu. Every buffer the kernels must fill starts as NaN, and
+NaN never passes. Two backward runs must agree bitwise. The model trains a few
+steps with attn_impl="triton" as it does with "torch".
+
+Why a subprocess: Triton reads TRITON_INTERPRET when a kernel is *decorated*,
+its own library kernels (tl.sum, tl.max, tl.sigmoid...) included, i.e. when
+triton is first imported. Once another test module has imported triton (model.py
+imports pope_kernel), setting the variable here is too late and the
+interpreter fails. So unless the whole run has TRITON_INTERPRET=1 from the
+start, test_interpreter_suite runs this file again in a fresh
+`python -m pytest` with the variable set, and the other tests here are
+skipped in the parent. (About 30 s on 2 cores.)
+"""
+import math
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+pytest.importorskip("triton")
+import pope_kernel as pk  # noqa: E402
+
+interpreted = pytest.mark.skipif(not (INTERPRETED and pk._INTERPRET),
+                                 reason="runs in the TRITON_INTERPRET=1 subprocess of test_interpreter_suite")
+parent_only = pytest.mark.skipif(INTERPRETED, reason="needs a process without TRITON_INTERPRET")
+if INTERPRETED:
+    pk._POISON = True  # every buffer the kernels must fill starts as NaN
+
+
+# ||out - ref|| / ||ref|| bounds: (output, dq/dk/dv, ddelta). float32 dots run
+# as float32 under the interpreter (and as IEEE float32 on the GPU: no tf32).
+# ddelta sums terms of both signs over batch and positions, so its norm is small
+# next to theirs and its relative error is the largest (bf16: up to ~1e-2 at
+# these sizes, the same as PyTorch's own bf16 path; 40 random shapes: <= 9.3e-3).
+BOUND = {torch.float32: (2e-5, 2e-5, 4e-5), torch.float16: (2e-3, 3e-3, 6e-3), torch.bfloat16: (1e-2, 1e-2, 2e-2)}
+_RNG = random.Random()  # fresh shapes on every run; a failure prints them
+
+
+def pope_einsum_f64(q, k, v, delta, causal=True, q_offset=0, k_is_mu=False, base=10000.0):
+    """a_ts = (1/sqrt(D)) sum_c mu_q[t,c] mu_k[s,c] cos((s - t) theta_c + delta_c), in float64."""
+    B, H, Tq, D = q.shape
+    Tk = k.size(2)
+    theta = base ** (-torch.arange(D, dtype=torch.float64) / D)
+    d = torch.clamp(delta, -2 * math.pi, 0.0)
+    mq = F.softplus(q)
+    mk = k if k_is_mu else F.softplus(k)
+    t = (q_offset + torch.arange(Tq, dtype=torch.float64))[:, None, None]
+    s = torch.arange(Tk, dtype=torch.float64)[None, :, None]
+    ang = (s - t) * theta + d[:, None, None, :]  # (H, Tq, Tk, D)
+    scores = torch.einsum("bhtc,bhsc,htsc->bhts", mq, mk, torch.cos(ang)) / math.sqrt(D)
+    if causal:
+        visible = s[..., 0] <= t[..., 0]
+        scores = scores.masked_fill(~visible, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def run_both(B, H, Tq, Tk, D, dtype, causal=True, q_offset=0, k_is_mu=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = (torch.randn(B, H, T, D, generator=g) for T in (Tq, Tk, Tk, Tq))
+    if k_is_mu:
+        k = F.softplus(k)
+    delta = torch.empty(H, D).uniform_(-8.0, 1.0, generator=g)  # partly outside [-2pi, 0]: clamped
+    kw = dict(causal=causal, q_offset=q_offset, k_is_mu=k_is_mu)
+
+    def grads(fn, dt):
+        xs = [x.to(dt).requires_grad_(True) for x in (q, k, v)]
+        xs.append(delta.to(torch.float64 if dt == torch.float64 else torch.float32).requires_grad_(True))
+        out = fn(*xs, **kw)
+        return [out] + list(torch.autograd.grad(out, xs, do.to(dt)))
+
+    return grads(pk.pope_attention, dtype), grads(pope_einsum_f64, torch.float64)
+
+
+def check(got, ref, dtype, what):
+    names = ["out", "dq", "dk", "dv", "ddelta"]
+    for name, a, b in zip(names, got, ref):
+        assert a.shape == b.shape, f"{what}: {name} shape {tuple(a.shape)} != {tuple(b.shape)}"
+        assert torch.isfinite(a).all(), f"{what}: {name} has NaN/inf (an element was never written?)"
+        err = rel_err(a, b)
+        bound = BOUND[dtype][0 if name == "out" else 2 if name == "ddelta" else 1]
+        assert err < bound, f"{what}: {name} rel err {err:.2e} >= {bound:.0e}"
+
+
+def _odd(lo, hi):
+    """A length in [lo, hi] that is no multiple of 16 (the interpreter's block)."""
+    n = _RNG.randint(lo, hi)
+    return n + 1 if n % 16 == 0 else n
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_causal_self_attention(dtype):
+    B, H, T, D = _RNG.randint(1, 2), _RNG.randint(1, 3), _odd(17, 60), 64
+    got, ref = run_both(B, H, T, T, D, dtype, seed=_RNG.randrange(2**31))
+    check(got, ref, dtype, f"B={B} H={H} T={T} D={D} {dtype}")
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_dim_32(dtype):
+    B, H, T = 1, 2, _odd(17, 50)
+    got, ref = run_both(B, H, T, T, 32, dtype, seed=_RNG.randrange(2**31))
+    check(got, ref, dtype, f"B={B} H={H} T={T} D=32 {dtype}")
+
+
+@interpreted
+@pytest.mark.parametrize("D", [32, 64])
+def test_decoding_one_query_against_the_cache(D):
+    """Tq = 1 at q_offset = Tk - 1 with k given as mu, as model.generate() calls it."""
+    Tk = _odd(2, 70)
+    got, ref = run_both(2, 2, 1, Tk, D, torch.float32, q_offset=Tk - 1, k_is_mu=True, seed=_RNG.randrange(2**31))
+    check(got, ref, torch.float32, f"Tq=1 Tk={Tk} D={D}")
+
+
+@interpreted
+def test_query_chunk_at_an_offset():
+    """Tq < Tk, rows at q_offset.. (a prompt chunk after a cache), causal."""
+    Tq, off = _odd(2, 35), _odd(1, 40)
+    got, ref = run_both(1, 2, Tq, Tq + off, 64, torch.float32, q_offset=off, seed=_RNG.randrange(2**31))
+    check(got, ref, torch.float32, f"Tq={Tq} Tk={Tq + off} q_offset={off}")
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_non_causal(dtype):
+    Tq, Tk = _odd(1, 40), _odd(41, 70)
+    got, ref = run_both(1, 2, Tq, Tk, 64, dtype, causal=False, seed=_RNG.randrange(2**31))
+    check(got, ref, dtype, f"non-causal Tq={Tq} Tk={Tk} {dtype}")
+
+
+@interpreted
+def test_k_is_mu_with_many_queries():
+    T = _odd(17, 40)
+    got, ref = run_both(1, 2, T, T, 32, torch.float32, k_is_mu=True, seed=_RNG.randrange(2**31))
+    check(got, ref, torch.float32, f"k_is_mu T={T}")
+
+
+@interpreted
+def test_nan_never_passes():
+    got, ref = run_both(1, 1, 5, 5, 32, torch.float32)
+    got[0] = got[0].clone()
+    got[0][0, 0, 3, 7] = float("nan")
+    with pytest.raises(AssertionError, match="NaN"):
+        check(got, ref, torch.float32, "poisoned")
+    got[0] = torch.full_like(got[0], float("nan"))  # rel_err of NaN is NaN, and NaN < bound is False
+    assert not rel_err(got[0], ref[0]) < 1.0
+
+
+@interpreted
+def test_backward_is_bitwise_deterministic():
+    T = _odd(33, 60)
+    a, _ = run_both(2, 2, T, T, 64, torch.bfloat16, seed=123)
+    b, _ = run_both(2, 2, T, T, 64, torch.bfloat16, seed=123)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+@interpreted
+def test_unsupported_input_says_what_is_supported():
+    q = torch.randn(1, 2, 8, 48)
+    delta = torch.zeros(2, 48)
+    reason = pk.kernel_unsupported_reason(q, q, q, delta)
+    assert reason is not None and "head dim 48" in reason and "32, 64 or 128" in reason
+    with pytest.raises(pk.PopeKernelUnsupported, match="32, 64 or 128"):
+        pk.pope_attention(q, q, q, delta)
+    q = torch.randn(1, 2, 8, 64, dtype=torch.float64)
+    assert "float64" in pk.kernel_unsupported_reason(q, q, q, torch.zeros(2, 64))
+    q = torch.randn(1, 2, 8, 64)
+    assert pk.kernel_unsupported_reason(q, q, q, torch.zeros(2, 64)) is None
+    # PopeKernelUnsupported is a ValueError: callers that catch ValueError keep working
+    assert issubclass(pk.PopeKernelUnsupported, ValueError)
+
+
+@parent_only
+def test_cpu_without_interpreter_is_unsupported():
+    q = torch.randn(1, 2, 8, 64)
+    reason = pk.kernel_unsupported_reason(q, q, q, torch.zeros(2, 64))
+    assert reason is not None and "TRITON_INTERPRET=1" in reason
+    with pytest.raises(pk.PopeKernelUnsupported, match="TRITON_INTERPRET=1"):
+        pk.pope_attention(q, q, q, torch.zeros(2, 64))
+
+
+@parent_only
+def test_interpreter_suite():
+    """This file again, in a process that has TRITON_INTERPRET=1 from the start."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__)],
+                       env=dict(os.environ, TRITON_INTERPRET="1"), cwd=ROOT, capture_output=True, text=True,
+                       timeout=900)
+    print(r.stdout[-3000:])
+    assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-2000:]
+
+
+@interpreted
+def test_strided_inputs_from_a_fused_projection():
+    """q, k, v as model.py makes them: views of one (B, T, 3C) tensor, transposed."""
+    B, T, H, D = 2, _odd(17, 40), 2, 32
+    qkv = torch.randn(B, T, 3 * H * D)
+    q, k, v = (x.view(B, T, H, D).transpose(1, 2) for x in qkv.split(H * D, dim=2))
+    delta = torch.empty(H, D).uniform_(-6.0, 0.0)
+    out = pk.pope_attention(q, k, v, delta)
+    ref = pope_einsum_f64(q.double(), k.double(), v.double(), delta.double())
+    assert rel_err(out, ref) < BOUND[torch.float32][0]
+
+
+@interpreted
+def test_compiles_without_graph_break():
+    """Under torch.compile the kernel is one opaque custom op (fullgraph=True
+    raises on a graph break); aot_eager traces forward and backward through its
+    fake and autograd formula. Same numbers as the eager autograd.Function."""
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(1, 2, 20, 32, generator=g) for _ in range(3)] + [torch.rand(2, 32, generator=g) * -7]
+
+    def run(fn):
+        xs = [x.clone().requires_grad_(True) for x in inputs]
+        out = fn(*xs)
+        out.backward(torch.ones_like(out))
+        return [out.detach()] + [x.grad for x in xs]
+
+    def f(q, k, v, d):
+        return pk.pope_attention(q, k, v, d) * 2.0
+
+    eager = run(f)
+    compiled = run(torch.compile(f, fullgraph=True, backend="aot_eager"))
+    for a, b in zip(compiled, eager):
+        assert torch.equal(a, b)
+
+
+@interpreted
+def test_backward_holds_one_2d_long_copy_at_a_time(monkeypatch):
+    """The backward's Cartesian queries (for the dk/dv kernel) are freed before
+    its Cartesian keys (for the dq kernel) are made: peak memory at T = 16k
+    depends on it."""
+    import weakref
+    made = []
+
+    def tracking(x, *args, **kw):
+        alive = [r() is not None for r in made]
+        assert not any(alive), f"an earlier 2D-long buffer is still alive: {alive}"
+        res = real(x, *args, **kw)
+        made.append(weakref.ref(res[0] if isinstance(res, tuple) else res))
+        return res
+
+    real = pk._cartesian
+    monkeypatch.setattr(pk, "_cartesian", tracking)
+    q, k, v = (torch.randn(1, 2, 20, 32, requires_grad=True) for _ in range(3))
+    out = pk.pope_attention(q, k, v, torch.zeros(2, 32))
+    made.clear()  # the forward's keys are gone by now too, but only the backward is asserted
+    out.sum().backward()
+    assert len(made) == 2
+
+
+@interpreted
+def test_model_trains_with_triton_attention_like_torch():
+    if not os.path.exists(os.path.join(ROOT, "model.py")):
+        pytest.skip("model.py not present")
+    from model import GPT, GPTConfig
+    idx = torch.randint(0, 64, (2, 26), generator=torch.Generator().manual_seed(0))
+    losses = {}
+    for impl in ("triton", "torch"):
+        torch.manual_seed(1)
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=64, dropout=0.0,
+                              pos_emb="pope", pope_delta_init="uniform", attn_impl=impl))
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        losses[impl] = []
+        for _ in range(4):
+            _, loss = model(idx[:, :-1].contiguous(), idx[:, 1:].contiguous())  # T = 25: no block multiple
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses[impl].append(loss.item())
+    tri, ref = losses["triton"], losses["torch"]
+    assert tri[-1] < tri[0], tri  # it trains
+    for a, b in zip(tri, ref):
+        assert abs(a - b) < 1e-4 * abs(b), (tri, ref)
