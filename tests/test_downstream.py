@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from types import SimpleNamespace
 
@@ -20,18 +19,11 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
-if "TIKTOKEN_CACHE_DIR" not in os.environ:  # normally done by conftest.py
-    _src = os.path.join(ROOT, "..", "shared", "tiktoken_cache")
-    if os.path.isdir(_src):
-        _dst = os.path.join(tempfile.gettempdir(), "pope_gpt_tiktoken_cache")
-        if not os.path.isdir(_dst):
-            shutil.copytree(_src, _dst)
-        os.environ["TIKTOKEN_CACHE_DIR"] = _dst
 
 import eval_downstream as ed  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
-DATA = os.environ.get("POPE_EVAL_DATA", os.path.join(ROOT, "..", "shared", "data", "evals"))
+DATA = os.path.join(os.environ.get("POPE_SHARED_DATA", os.path.join(ROOT, "..", "shared", "data")), "evals")
 needs_data = pytest.mark.skipif(not os.path.isdir(DATA), reason=f"offline eval data not found at {DATA}")
 
 # a character vocabulary for the hand-made scorer tests: "\n" and printable ASCII

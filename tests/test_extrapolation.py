@@ -26,9 +26,6 @@ import eval_extrapolation as ex  # noqa: E402
 import train  # noqa: E402
 from model import GPT, GPTConfig, load_checkpoint, yarn_inv_freq  # noqa: E402
 
-SHAKESPEARE = "/work/shared/data/text/english/tinyshakespeare.txt"
-WEBTEXT = "/work/shared/data/text/english/webtext.txt"
-TIKTOKEN_CACHE = "/work/shared/tiktoken_cache"
 BLOCK = 32
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", f"--block_size={BLOCK}", "--device=cpu", "--compile=False"]
 
@@ -51,10 +48,10 @@ def run_train(args, cwd):
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, shared_data):
     """A char-level dataset (data/shk) and tiny PoPE and RoPE checkpoints trained by train.py."""
     root = tmp_path_factory.mktemp("extrap")
-    with open(SHAKESPEARE, encoding="utf-8") as f:
+    with open(shared_data / "text" / "english" / "tinyshakespeare.txt", encoding="utf-8") as f:
         text = f.read()[:240_000]
     itos = sorted(set(text))
     stoi = {c: i for i, c in enumerate(itos)}
@@ -353,14 +350,11 @@ def test_txt_and_jsonl_match_bin(env, tmp_path):
     assert len(ex.load_text_tokens(str(jl), "jsonl", env.meta, enc, need=5)) == 5
 
 
-def test_gpt2_text_chunked_tokenization_is_exact(tmp_path, monkeypatch):
-    cache = tmp_path / "tiktoken_cache"
-    shutil.copytree(TIKTOKEN_CACHE, cache)
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+def test_gpt2_text_chunked_tokenization_is_exact(tmp_path, shared_data):
     from sample import load_codec
     meta = {"tokenizer": "gpt2", "vocab_size": 50304}
     enc, _ = load_codec(meta)
-    with open(WEBTEXT, encoding="utf-8") as f:
+    with open(shared_data / "text" / "english" / "webtext.txt", encoding="utf-8") as f:
         text = f.read()[:60_000]
     text += "\n  \nword \nX\n\n\nY <|endoftext|>Z"  # whitespace runs around newlines, a special token
     p = tmp_path / "t.txt"

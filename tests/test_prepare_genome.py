@@ -2,7 +2,6 @@
 it written in the test: vocabulary, a reference tokenizer, N handling,
 held-out regions and chromosomes, round trip, idempotency, bad input."""
 import gzip
-import os
 import re
 import sys
 from pathlib import Path
@@ -17,17 +16,9 @@ from prepare import common  # noqa: E402
 from prepare import genome  # noqa: E402
 
 
-def shared_data():
-    env = os.environ.get("POPE_SHARED_DATA")
-    path = Path(env) if env else REPO.parent / "shared" / "data"
-    if not path.is_dir():
-        (pytest.fail if env else pytest.skip)(f"shared data not found at {path} (set POPE_SHARED_DATA)")
-    return path
-
-
 @pytest.fixture(scope="module")
-def chr20_path():
-    return shared_data() / "genome" / "chr20.fa.gz"
+def chr20_path(shared_data):
+    return shared_data / "genome" / "chr20.fa.gz"
 
 
 @pytest.fixture(scope="module")

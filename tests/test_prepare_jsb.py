@@ -1,7 +1,6 @@
 """prepare/jsb.py on the real JSB Chorales (../shared/data/music): counts,
 exact round trip against the JSON, npz == json, idempotency, bad input."""
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -15,17 +14,9 @@ from prepare import common  # noqa: E402
 from prepare import jsb  # noqa: E402
 
 
-def shared_data():
-    env = os.environ.get("POPE_SHARED_DATA")
-    path = Path(env) if env else REPO.parent / "shared" / "data"
-    if not path.is_dir():
-        (pytest.fail if env else pytest.skip)(f"shared data not found at {path} (set POPE_SHARED_DATA)")
-    return path
-
-
 @pytest.fixture(scope="module")
-def music():
-    return shared_data() / "music"
+def music(shared_data):
+    return shared_data / "music"
 
 
 @pytest.fixture(scope="module")

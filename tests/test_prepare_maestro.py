@@ -4,7 +4,6 @@ REMI vocabulary, transposition (checked against transposing the MIDI),
 corrupt and missing files skipped and counted, MIDI round trip,
 idempotency, empty input, and the message when miditok is missing."""
 import csv
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -25,14 +24,6 @@ VAL = ["2015/MIDI-Unprocessed_R1_D1-1-8_mid--AUDIO-from_mp3_06_R1_2015_wav--3.mi
 TEST = ["2008/MIDI-Unprocessed_09_R3_2008_01-07_ORIG_MID--AUDIO_09_R3_2008_wav--2.midi"]
 
 
-def shared_data():
-    env = os.environ.get("POPE_SHARED_DATA")
-    path = Path(env) if env else REPO.parent / "shared" / "data"
-    if not path.is_dir():
-        (pytest.fail if env else pytest.skip)(f"shared data not found at {path} (set POPE_SHARED_DATA)")
-    return path
-
-
 def test_missing_miditok_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "miditok", None)  # makes `import miditok` fail
     with pytest.raises(common.PrepareError, match=r"pip install miditok"):
@@ -40,8 +31,8 @@ def test_missing_miditok_is_a_clear_error(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def src():
-    return shared_data() / "music" / "maestro"
+def src(shared_data):
+    return shared_data / "music" / "maestro"
 
 
 @pytest.fixture(scope="module")

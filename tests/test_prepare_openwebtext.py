@@ -4,7 +4,6 @@ worker-count independence, idempotency, bad input, offline failure."""
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -20,17 +19,9 @@ from prepare import common  # noqa: E402
 from prepare import openwebtext as owt  # noqa: E402
 
 
-def shared_data():
-    env = os.environ.get("POPE_SHARED_DATA")
-    path = Path(env) if env else REPO.parent / "shared" / "data"
-    if not path.is_dir():
-        (pytest.fail if env else pytest.skip)(f"shared data not found at {path} (set POPE_SHARED_DATA)")
-    return path
-
-
 @pytest.fixture(scope="module")
-def text_dir():
-    return shared_data() / "text"
+def text_dir(shared_data):
+    return shared_data / "text"
 
 
 @pytest.fixture(scope="module")
