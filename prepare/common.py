@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +142,22 @@ class BinWriter:
         self.f.close()
         if self.tmp.exists():
             self.tmp.unlink()
+
+
+@contextmanager
+def split_writers(out_dir, splits, dtype=np.uint16):
+    """One BinWriter per split, {split: writer}. An error inside the block removes
+    every temp file (no half-written split survives); leaving it normally closes
+    them all, and each writer's .count holds its tokens."""
+    writers = {s: BinWriter(Path(out_dir) / f"{s}.bin", dtype) for s in splits}
+    try:
+        yield writers
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    for w in writers.values():
+        w.close()
 
 
 def write_bin(path, arr, dtype):

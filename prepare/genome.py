@@ -230,10 +230,9 @@ def main(argv=None):
         raise common.PrepareError(f"chromosomes in both --val_chroms and --test_chroms: {sorted(val_chroms & test_chroms)}")
     f = args.holdout_frac
 
-    writers = {s: common.BinWriter(out_dir / f"{s}.bin", np.uint16) for s in common.SPLITS}
     stats = {s: {"bases": 0, "contigs": 0} for s in common.SPLITS}
     records, regions, dropped, seen = [], {}, 0, set()
-    try:
+    with common.split_writers(out_dir, common.SPLITS) as writers:
         for path in input_files(src):
             for name, seq in read_fasta(path):
                 if keep and _norm(name) not in keep:
@@ -272,11 +271,7 @@ def main(argv=None):
             if writers[s].count == 0:
                 raise common.PrepareError(f"split '{s}' is empty: {src} has no A/C/G/T bases for it "
                                           "(empty input, or only N?)")
-    except BaseException:
-        for w in writers.values():
-            w.abort()
-        raise
-    counts = {s: w.close() for s, w in writers.items()}
+    counts = {s: w.count for s, w in writers.items()}
     meta = {
         "format": NAME,
         "vocab_size": VOCAB_SIZE,

@@ -276,12 +276,11 @@ def main(argv=None):
     if missing:
         common.log(f"warning: {len(missing)} MIDI files listed in {csv_path.name} are missing, e.g. {missing[0]}")
 
-    writers = {s: common.BinWriter(out_dir / f"{s}.bin", np.uint16) for s in common.SPLITS}
     pieces = {s: 0 for s in common.SPLITS}
     sequences = {s: 0 for s in common.SPLITS}
     corrupt, empty, skipped_tr = [], [], 0
     import multiprocessing as mp
-    try:
+    with common.split_writers(out_dir, common.SPLITS) as writers:
         with mp.get_context("spawn").Pool(max(1, args.num_proc), initializer=_init_worker) as pool:
             results = pool.imap(tokenize_file, [j[2] for j in jobs], chunksize=2)
             for (split, name, _), (status, res) in zip(jobs, common.progress(results, total=len(jobs), desc="tokenizing", unit="file")):
@@ -304,11 +303,7 @@ def main(argv=None):
             if pieces[s] == 0:
                 raise common.PrepareError(f"no readable MIDI file in split '{s}' of {csv_path} "
                                           f"({len(corrupt)} corrupt, {len(empty)} empty, {len(missing)} missing)")
-    except BaseException:
-        for w in writers.values():
-            w.abort()
-        raise
-    counts = {s: w.close() for s, w in writers.items()}
+    counts = {s: w.count for s, w in writers.items()}
     meta = {
         "format": NAME,
         "vocab_size": len(itos),

@@ -188,10 +188,9 @@ def main(argv=None):
         source = [str(p.relative_to(args.input)) if Path(args.input).is_dir() else p.name for p in files]
     is_val = val_documents(n_docs)
 
-    writers = {s: common.BinWriter(out_dir / f"{s}.bin", np.uint16) for s in ("train", "val")}
     ndoc = {"train": 0, "val": 0}
     import multiprocessing as mp
-    try:
+    with common.split_writers(out_dir, ("train", "val")) as writers:
         with mp.get_context("spawn").Pool(max(1, args.num_proc), initializer=_init_worker) as pool, \
                 common.progress(total=n_docs, desc="tokenizing", unit="doc") as bar:
             i = 0
@@ -207,11 +206,7 @@ def main(argv=None):
                 bar.update(len(batch))
         if sum(ndoc.values()) != n_docs:
             raise common.PrepareError(f"read {sum(ndoc.values())} documents, expected {n_docs}")
-    except BaseException:
-        for w in writers.values():
-            w.abort()
-        raise
-    counts = {s: w.close() for s, w in writers.items()}
+    counts = {s: w.count for s, w in writers.items()}
     meta = {
         "format": NAME,
         "tokenizer": "gpt2",
