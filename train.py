@@ -398,10 +398,6 @@ def main(argv):
                 print(f"step {iter_num}: {msg}")
                 log({"iter": iter_num, "eval": res})
             val_loss = res["val"]["loss"] if "val" in res else None
-            # every rank takes part in gathering RNG states (a collective)
-            rng = {"python": gather_rng(random.getstate()), "numpy": gather_rng(np.random.get_state()),
-                   "torch": gather_rng(torch.get_rng_state()),
-                   "cuda": gather_rng(torch.cuda.get_rng_state(dev)) if device_type == "cuda" else None}
             if cfg["eval_only"]:
                 if master:
                     with open(os.path.join(out_dir, "eval.json"), "w") as f:
@@ -410,6 +406,10 @@ def main(argv):
             improved = val_loss is not None and val_loss < best_val_loss
             if improved:
                 best_val_loss = val_loss
+            # every rank gathers (a collective), whatever it would decide about saving
+            rng = {"python": gather_rng(random.getstate()), "numpy": gather_rng(np.random.get_state()),
+                   "torch": gather_rng(torch.get_rng_state()),
+                   "cuda": gather_rng(torch.cuda.get_rng_state(dev)) if device_type == "cuda" else None}
             if master and iter_num > 0 and (improved or cfg["always_save_checkpoint"] or val_loss is None):
                 save_atomic({
                     "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
