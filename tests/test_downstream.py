@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -312,13 +311,11 @@ def test_cbt_rule_by_hand_and_subset_average(tmp_path):
 def test_missing_data_fails_fast_with_a_clear_message(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     write_cbt_txt(tmp_path / "cbtest_CN_test_2500ex.txt", cbt_rows()[:1])
-    t0 = time.time()
     with pytest.raises(ed.TaskDataError) as e:
         ed.load_items("cbt", str(tmp_path))  # NE is missing
     assert "cbtest_NE_test_2500ex.txt" in str(e.value) and "--data_dir" in str(e.value)
     with pytest.raises(ed.TaskDataError, match="lambada_openai.jsonl"):
         ed.load_items("lambada", str(tmp_path))
-    assert time.time() - t0 < 30
     # evaluate() records the failure and still runs the other task
     model = tiny_model(block_size=64)
     r = ed.evaluate(model, char_encode, ["lambada", "cbt"], block_size=64, data_dir=str(tmp_path),
@@ -600,12 +597,10 @@ def test_cli_limit_on_real_data_without_cbt(tmp_path):
     ckpt = tmp_path / "ckpt.pt"
     save_tiny_ckpt(ckpt, "pope")
     env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
-    t0 = time.time()
     out = subprocess.run([sys.executable, os.path.join(ROOT, "eval_downstream.py"), "--ckpt", str(ckpt),
                           "--data_dir", DATA, "--limit", "1", "--json", str(tmp_path / "r.json"), "--device", "cpu",
                           "--no_progress"], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr
-    assert time.time() - t0 < 90
     assert "| Model | LAMBADA | BLiMP | CBT | HellaSwag | PIQA | ARC-E | Avg |" in out.stdout
     assert "FAILED: cbt:" in out.stdout and "cbtest_CN_test_2500ex.txt" in out.stdout
     rep = json.load(open(tmp_path / "r.json"))
@@ -634,10 +629,9 @@ def test_main_two_checkpoints_all_tasks(tmp_path):
     for pe in ("pope", "rope"):
         paths.append(str(tmp_path / f"{pe}.pt"))
         save_tiny_ckpt(paths[-1], pe)
-    t0 = time.time()
     rc = ed.main(["--ckpt", *paths, "--data_dir", str(data), "--limit", "2", "--json", str(tmp_path / "r.json"),
                   "--device", "cpu", "--batch_size", "8", "--no_progress", "--mc_metric", "acc"])
-    assert rc == 0 and time.time() - t0 < 60
+    assert rc == 0
     rep = json.load(open(tmp_path / "r.json"))
     assert [m["label"].split()[0] for m in rep["models"]] == ["PoPE", "RoPE"]
     for m in rep["models"]:

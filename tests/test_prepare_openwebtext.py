@@ -6,7 +6,6 @@ import json
 import math
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -127,10 +126,9 @@ def test_bad_input(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("datasets") is not None, reason="datasets is installed: would try the hub")
 def test_without_input_fails_fast_naming_what_to_do(tmp_path):
-    t0 = time.time()
+    # a hang on the network fails through the subprocess timeout
     r = subprocess.run([sys.executable, str(REPO / "prepare" / "openwebtext.py"), "--out_dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "pip install datasets" in r.stderr and "--input" in r.stderr and "Skylion007/openwebtext" in r.stderr
-    assert time.time() - t0 < 60
     assert not any(tmp_path.iterdir())

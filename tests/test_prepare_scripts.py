@@ -2,7 +2,6 @@
 task configs (config/<task>_{pope,rope}.py, config/indirect_indexing_quick.py)."""
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -64,11 +63,9 @@ def test_bin_writer_is_atomic_and_checks_range(tmp_path):
 
 
 def test_download_fails_fast_with_the_hint(tmp_path):
-    t0 = time.time()
     with pytest.raises(common.PrepareError, match=r"could not download http://127.0.0.1:9/x.npz .*pass it with --input"):
         common.download("http://127.0.0.1:9/x.npz", tmp_path / "x.npz", hint="Download it and pass it with --input FILE.",
                         timeout=5)
-    assert time.time() - t0 < 30
     assert not any(tmp_path.iterdir())
 
 
