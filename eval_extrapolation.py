@@ -53,8 +53,9 @@ YaRN (RoPE checkpoints only):
     (YaRN fine-tuned models are evaluated as trained). Every JSON record holds the s it used.
 
 Outputs:
-    a table on stdout (perplexity per length and series, and per position bucket at the longest
-    length); --json: per series and length NLL, ppl, scored token count, windows, YaRN scale;
+    a table on stdout (perplexity per length and series, per position bucket at the longest
+    length, and on CUDA the peak memory above the weights per length); --json: per series and
+    length NLL, ppl, scored token count, windows, YaRN scale, peak extra memory (CUDA);
     --plot: perplexity against length (log y), one line per series (needs matplotlib; skipped
     with a note otherwise). A progress bar over windows goes to stderr (tqdm if installed).
 
@@ -444,6 +445,16 @@ def print_tables(series, lengths, bucket_rows_len):
             cell = fmt_ppl(r["ppl"]) + ("" if same_tokens else f" [{r['tokens']}]")
             row += f"{cell:>{w}}"
         print(row)
+    if all("peak_extra_mem_mb" in s["results"][str(L)] for s in series for L in lengths):
+        print("\npeak GPU memory above the weights, MB (windows per forward pass in brackets)")
+        print(head)
+        print("-" * len(head))
+        for L in lengths:
+            row = f"{L:>8} " + (" " * 11 if same_tokens else "")
+            for s in series:
+                r = s["results"][str(L)]
+                row += f"{r['peak_extra_mem_mb']:.0f} [{r['windows_per_batch']}]".rjust(w)
+            print(row)
     print(f"\nNLL (nats/token) by position in the windows of length {bucket_rows_len}")
     head = f"{'positions':>17} " + "".join(f"{n:>{w}}" for n in names)
     print(head)
@@ -621,12 +632,20 @@ def main(argv=None):
                 scale = s["rule"](L)
                 model.set_rope_scaling(scale, m["orig_len"])
             bs = args.batch_size or max(1, args.batch_tokens // L)
+            if device_type == "cuda":
+                # peak memory above the weights: shows the attention never holds a T x T tensor
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                mem0 = torch.cuda.memory_allocated()
             t0 = time.time()
             nll_sum, ntok, nwin, pos = eval_length(model, m["toks"], L, m["budget"], device, ctx, bs,
                                                    progress, per_position=(L == Lmax))
             nll = nll_sum / ntok
             r = {"length": L, "nll": nll, "ppl": ppl_of(nll), "tokens": ntok, "windows": nwin,
                  "seconds": round(time.time() - t0, 3)}
+            if device_type == "cuda":
+                r["peak_extra_mem_mb"] = round((torch.cuda.max_memory_allocated() - mem0) / 2**20, 1)
+                r["windows_per_batch"] = bs
             if scale is not None:
                 r["rope_scaling"] = scale
                 r["mscale"] = 0.1 * math.log(scale) + 1.0 if scale > 1 else 1.0

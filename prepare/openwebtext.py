@@ -4,6 +4,7 @@ Usage:
     python prepare/openwebtext.py --input ../shared/data/text/owt_sample.jsonl
     python prepare/openwebtext.py --input ../shared/data/text/english --out_dir data/english
     python prepare/openwebtext.py          # HF dataset Skylion007/openwebtext (needs `datasets` + network)
+    python prepare/openwebtext.py --input A.jsonl B.txt --val_input C.txt --out_dir data/mine
 
 Source: the HF dataset "Skylion007/openwebtext" (the one nanoGPT loads as
 "openwebtext"), 8,013,769 documents. Offline, pass a local copy with --input:
@@ -24,6 +25,9 @@ ceil(0.0005 * n) documents form val, the rest train. The ceiling keeps val
 non-empty for any input of at least 2 documents (the 1,000-document sample
 gets exactly 1 val document); fewer than 2 documents is an error. Within
 each split the documents keep their input order. There is no test split.
+With --val_input the split is by source instead: every --input document goes
+to train and every --val_input document to val (a held-out corpus, e.g. long
+documents for eval_extrapolation.py).
 """
 
 import argparse
@@ -164,7 +168,10 @@ def hf_documents():
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", help="a .jsonl/.json/.txt file or a folder of them (without it: HF " + HF_ID + ")")
+    p.add_argument("--input", nargs="+", help="one or more .jsonl/.json/.txt files or folders of them "
+                   "(without it: HF " + HF_ID + ")")
+    p.add_argument("--val_input", nargs="+", help="files or folders whose documents form val (all of "
+                   "--input then goes to train)")
     p.add_argument("--out_dir", default=str(common.default_out_dir(NAME)), help="output folder (default data/openwebtext)")
     p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenizer worker processes")
     p.add_argument("--text_field", default="text", help="JSON field holding the text (default text)")
@@ -176,17 +183,31 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     out_dir = Path(args.out_dir)
     get_encoding()  # fail before any work if the BPE files are missing
+    def local(paths):
+        files = [f for path in paths for f in input_files(path)]
+        n = count_documents(files, args.text_field, args.txt_doc_sep)
+        names = [str(f.relative_to(path)) if Path(path).is_dir() else f.name
+                 for path in paths for f in input_files(path)]
+        return files, n, names
+
     if args.input is None:
         n_docs, docs = hf_documents()
         source = HF_ID
     else:
-        files = input_files(args.input)
-        n_docs = count_documents(files, args.text_field, args.txt_doc_sep)
+        files, n_docs, source = local(args.input)
         if n_docs == 0:
-            raise common.PrepareError(f"no documents in {args.input} (empty input)")
+            raise common.PrepareError(f"no documents in {' '.join(args.input)} (empty input)")
         docs = iter_documents(files, args.text_field, args.txt_doc_sep)
-        source = [str(p.relative_to(args.input)) if Path(args.input).is_dir() else p.name for p in files]
-    is_val = val_documents(n_docs)
+    if args.val_input is None:
+        is_val = val_documents(n_docs)
+        val_source = None
+    else:
+        vfiles, n_val, val_source = local(args.val_input)
+        if n_val == 0:
+            raise common.PrepareError(f"no documents in --val_input {' '.join(args.val_input)} (empty input)")
+        docs = itertools.chain(docs, iter_documents(vfiles, args.text_field, args.txt_doc_sep))
+        is_val = np.concatenate([np.zeros(n_docs, dtype=bool), np.ones(n_val, dtype=bool)])
+        n_docs += n_val
 
     ndoc = {"train": 0, "val": 0}
     import multiprocessing as mp
@@ -215,10 +236,12 @@ def main(argv=None):
         "eot_id": EOT,
         "documents": ndoc,
         "tokens": counts,
-        "val_fraction": VAL_FRACTION,
-        "seed": SEED,
         "source": source,
     }
+    if val_source is None:
+        meta.update(val_fraction=VAL_FRACTION, seed=SEED)
+    else:
+        meta["val_source"] = val_source
     common.write_meta(out_dir, meta)
     common.report(out_dir, counts, {s: f"{ndoc[s]:,} document{'s' * (ndoc[s] != 1)}" for s in counts})
     return counts

@@ -105,6 +105,32 @@ def test_txt_input(text_dir, tmp_path):
     assert sorted(owt.decode(ids).split("<|endoftext|>")[:-1]) == sorted([text[:5000], text[9000:9500], text[5000:9000]])
 
 
+def test_several_inputs_and_held_out_val(text_dir, tmp_path):
+    eng = text_dir / "english"
+    out = tmp_path / "h"
+    owt.main(["--input", str(eng / "inaugural.txt"), str(eng / "webtext.txt"),
+              "--val_input", str(eng / "state_union.txt"), "--out_dir", str(out), "--num_proc", "2"])
+    meta = common.load_meta(out)
+    assert meta["documents"] == {"train": 59 + 6, "val": 65}
+    assert meta["source"] == ["inaugural.txt", "webtext.txt"] and meta["val_source"] == ["state_union.txt"]
+    assert "val_fraction" not in meta
+
+    def docs(name):
+        return (eng / name).read_text(encoding="utf-8").rstrip("\n").split("\n\n\n")
+
+    def stream(texts):
+        enc = owt.get_encoding()
+        return np.concatenate([np.array(enc.encode_ordinary(t) + [owt.EOT]) for t in texts])
+
+    # every --input document in train, in input order; every --val_input document in val
+    assert np.array_equal(common.read_bin(out, "train"), stream(docs("inaugural.txt") + docs("webtext.txt")))
+    assert np.array_equal(common.read_bin(out, "val"), stream(docs("state_union.txt")))
+    with pytest.raises(common.PrepareError, match="--val_input"):
+        (tmp_path / "empty.txt").write_text("")
+        owt.main(["--input", str(eng / "inaugural.txt"), "--val_input", str(tmp_path / "empty.txt"),
+                  "--out_dir", str(tmp_path / "e")])
+
+
 def test_bad_input(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(common.PrepareError, match="no documents"):
