@@ -246,7 +246,7 @@ class GPT(nn.Module):
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None
         logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), reduction="none")
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), reduction="none")
         if loss_mask is None:
             loss = loss.mean()
         else:
