@@ -117,5 +117,7 @@ def test_configurator_errors(tmp_path):
     assert p.returncode != 0 and "unknown config key 'n_layers'" in p.stderr and "n_layer" in p.stderr
     p = run([os.path.join(ROOT, "train.py"), "--dataset=nope", "--device=cpu"], tmp_path, check=False)
     assert p.returncode != 0 and "prepare/nope.py" in p.stderr
+    p = run([os.path.join(ROOT, "train.py"), "--compile_mode=fast", "--device=cpu"], tmp_path, check=False)
+    assert p.returncode != 0 and "compile_mode must be default, reduce-overhead or max-autotune" in p.stderr
     p = run([os.path.join(ROOT, "train.py"), "--help"], tmp_path)
     assert "--pos_emb='pope'" in p.stdout and "Usage" in p.stdout
