@@ -104,6 +104,19 @@ def test_ddp_matches_single_process(data_root, tmp_path):
     for it in one:
         assert abs(one[it] - two[it]) < 1e-5 * abs(one[it]), (it, one[it], two[it])
     assert one[5] < one[0]
+    # resume under torchrun: stop at 3, continue to 6; the losses continue those of the
+    # uninterrupted 2-process run, and only rank 0 writes the checkpoint
+    ddp = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", os.path.join(ROOT, "train.py"),
+           "--out_dir=part"] + common
+    run(ddp + ["--max_iters=3"], tmp_path, env_extra={"OMP_NUM_THREADS": "1"})
+    ck = torch.load(tmp_path / "part" / "ckpt.pt", weights_only=False)
+    assert ck["iter_num"] == 3 and len(ck["rng"]["torch"]) == 2  # one RNG state per rank
+    run(ddp + ["--init_from=resume"], tmp_path, env_extra={"OMP_NUM_THREADS": "1"})
+    assert sorted(os.listdir(tmp_path / "part")) == ["ckpt.pt", "metrics.jsonl"]
+    part = losses(tmp_path / "part")
+    assert sorted(part) == list(range(6))
+    for it in part:
+        assert abs(part[it] - two[it]) <= 1e-6 * abs(two[it]), (it, part[it], two[it])
 
 
 def test_configurator_errors(tmp_path):
