@@ -659,21 +659,23 @@ def _empty(shape, like, dtype=None):
     return out.fill_(float("nan")) if _POISON else out
 
 
-_THETA_CACHE = {}
+_THETA_HOST = {}
 
 
 def _theta(D, base, device):
-    key = (D, float(base), device)
-    theta = _THETA_CACHE.get(key)
-    if theta is None:
-        # rounded from float64 exactly as pope_frequencies does, so that phase =
-        # pos*theta is the same float32 number as in the reference
-        theta = pope_frequencies(D, base, device, torch.float32)
-        # one made while a CUDA graph is captured holds its values only in
-        # replays of that graph: use it, don't keep it
-        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            _THETA_CACHE[key] = theta
-    return theta
+    # rounded from float64 exactly as pope_frequencies does, so that phase =
+    # pos*theta is the same float32 number as in the reference
+    if device.type != "cuda":
+        return pope_frequencies(D, base, device, torch.float32)
+    key = (D, float(base))
+    host = _THETA_HOST.get(key)
+    if host is None:
+        host = _THETA_HOST[key] = pope_frequencies(D, base, "cpu", torch.float32).pin_memory()
+    # A D-float copy per call from pinned memory, not a cached device tensor: under
+    # torch.compile(mode="reduce-overhead") the first calls run inside a CUDA graph
+    # tree's memory pool, where a tensor kept alive by a cache breaks the pool's
+    # bookkeeping; an async copy from pinned memory is also capturable in a graph.
+    return host.to(device, non_blocking=True)
 
 
 def _on_device(x):
