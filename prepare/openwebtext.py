@@ -183,12 +183,13 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     out_dir = Path(args.out_dir)
     get_encoding()  # fail before any work if the BPE files are missing
+
     def local(paths):
-        files = [f for path in paths for f in input_files(path)]
-        n = count_documents(files, args.text_field, args.txt_doc_sep)
-        names = [str(f.relative_to(path)) if Path(path).is_dir() else f.name
-                 for path in paths for f in input_files(path)]
-        return files, n, names
+        """(files, document count, source names) of local input paths."""
+        found = [(path, f) for path in paths for f in input_files(path)]
+        files = [f for _, f in found]
+        names = [str(f.relative_to(path)) if Path(path).is_dir() else f.name for path, f in found]
+        return files, count_documents(files, args.text_field, args.txt_doc_sep), names
 
     if args.input is None:
         n_docs, docs = hf_documents()
