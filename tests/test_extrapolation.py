@@ -462,15 +462,21 @@ def test_finetune_config_recipe(name, scale):
     assert head.startswith("#") and "Usage:" in head and f"python train.py config/{name}" in head
 
 
-def test_finetune_yarn_end_to_end_and_eval_rule(env, tmp_path):
-    """train.py config/finetune_yarn.py on the tiny RoPE checkpoint (context 32 -> 128, s = 4),
-    then the eval: the checkpoint's own series keeps s = 4; --yarn uses max(4, L / 32)."""
-    out = tmp_path / "out-rope-yarn"
-    run_train([os.path.join(ROOT, "config", "finetune_yarn.py"), f"--init_from={env.ckpts['rope']}",
+def finetune(env, tmp_path, config, source, out_name):
+    """train.py config/<config> for 2 steps at context 128 from the tiny <source> checkpoint;
+    returns (out_dir, its checkpoint)."""
+    out = tmp_path / out_name
+    run_train([os.path.join(ROOT, "config", config), f"--init_from={env.ckpts[source]}",
                "--dataset=shk", f"--data_dir={env.root / 'data'}", f"--out_dir={out}", "--device=cpu",
                "--block_size=128", "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=2",
                "--eval_interval=2", "--eval_iters=1"], cwd=tmp_path)
-    ck = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)
+    return out, torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)
+
+
+def test_finetune_yarn_end_to_end_and_eval_rule(env, tmp_path):
+    """train.py config/finetune_yarn.py on the tiny RoPE checkpoint (context 32 -> 128, s = 4),
+    then the eval: the checkpoint's own series keeps s = 4; --yarn uses max(4, L / 32)."""
+    out, ck = finetune(env, tmp_path, "finetune_yarn.py", "rope", "out-rope-yarn")
     ma = ck["model_args"]
     assert ma["pos_emb"] == "rope" and ma["block_size"] == 128
     assert ma["rope_scaling"] == 4.0 and ma["rope_scaling_orig_len"] == BLOCK
@@ -485,12 +491,7 @@ def test_finetune_yarn_end_to_end_and_eval_rule(env, tmp_path):
 
 
 def test_finetune_pope_end_to_end(env, tmp_path):
-    out = tmp_path / "out-pope-ft"
-    run_train([os.path.join(ROOT, "config", "finetune_pope.py"), f"--init_from={env.ckpts['pope']}",
-               "--dataset=shk", f"--data_dir={env.root / 'data'}", f"--out_dir={out}", "--device=cpu",
-               "--block_size=128", "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=2",
-               "--eval_interval=2", "--eval_iters=1"], cwd=tmp_path)
-    ck = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)
+    out, ck = finetune(env, tmp_path, "finetune_pope.py", "pope", "out-pope-ft")
     assert ck["model_args"]["pos_emb"] == "pope" and ck["model_args"]["block_size"] == 128
     assert ck["model_args"]["rope_scaling"] == 1.0
     assert ck["config"]["learning_rate"] == 6e-5 and ck["iter_num"] == 2
