@@ -52,6 +52,7 @@ Usage:
     python pope_kernel.py --bench     # benchmark table on a CUDA GPU
     python pope_kernel.py --check     # forward + 4 grads vs float64 on the GPU
     python pope_kernel.py --bench --variants   # + time split by stage
+    python pope_kernel.py --aot       # no GPU: compile for sm_90, registers/spills/shared memory
     TRITON_INTERPRET=1 python -m pytest tests/test_kernel.py   # CPU tests
 """
 
@@ -1104,6 +1105,79 @@ def _variants(q, k, v, delta, do):
         print(f"    tuned {kern.base_fn.__name__} (Tq, Tk bucket[, K_IS_MU/K_FROM_RAW]): {best}", flush=True)
 
 
+# sm_90's largest shared memory per block (227 KB, opt-in): a config above it cannot launch on an H200
+_HOPPER_SMEM = 232448
+
+
+def _aot_compile(kernel, args, kwargs, target):
+    """Compile a @triton.jit kernel for `target` exactly as launching it with these
+    arguments would (same signature, constexprs and 16-byte alignment attributes),
+    without a GPU: Triton's own binder specialises the arguments, then ptxas runs."""
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+    backend = make_backend(target)
+    kwargs = dict(kwargs, debug=False)
+    bound, spec, opts = create_function_from_signature(kernel.signature, kernel.params, backend)(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, spec, opts)
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+def _resources(compiled):
+    """Registers, stack (spills) and local memory of a compiled kernel, read from its cubin."""
+    import subprocess
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        out = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name],
+                             capture_output=True, text=True, check=True).stdout
+    fields = dict(w.split(":", 1) for w in out.split() if w.split(":", 1)[0] in ("REG", "STACK", "LOCAL"))
+    return {k.lower(): int(v) for k, v in fields.items()}
+
+
+def aot_report(cases, all_configs=True, capability=90):
+    """Compile every kernel that the forward and backward of each case launch, for
+    an sm_<capability> GPU, on any machine (CPU tensors stand in for the GPU ones).
+    With all_configs, every autotuning config of the head dim; else the launch's
+    own (the first, as with POPE_AUTOTUNE=0). Returns one dict per compile."""
+    global _launch, _cartesian_kernel, _AUTOTUNE
+    target = triton.backends.compiler.GPUTarget("cuda", capability, 64)
+    rows, case = [], None
+
+    def record(kernel, args, kwargs, config):
+        c = _aot_compile(kernel, args, kwargs, target)
+        rows.append(dict(kernel=kernel.fn.__name__, case=case, config=config, shared=c.metadata.shared,
+                         wgmma="wgmma" in c.asm["ptx"], **_resources(c)))
+
+    def launch(kernel, tuned, blocks, grid, args, kwargs):
+        # blocks is None where the launch would autotune
+        configs = [blocks] if blocks else [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+                                           for c in tuned.configs if c.head_dim == max(kwargs["HEAD_DIM"], 64)]
+        for bm, bn, w, st in configs:
+            record(kernel, args, dict(kwargs, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st), (bm, bn, w, st))
+
+    class _Prepass:  # stands in for _cartesian_kernel[grid](...)
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: record(real_prepass, args, dict(kwargs), None)
+
+    saved = _launch, _cartesian_kernel, _AUTOTUNE
+    real_prepass = _cartesian_kernel
+    _launch, _cartesian_kernel, _AUTOTUNE = launch, _Prepass(), all_configs
+    try:
+        for B, H, Tq, Tk, D, dtype, causal, q_offset, k_is_mu in cases:
+            case = f"D={D} {str(dtype)[6:]} Tq={Tq} Tk={Tk}" + (" k_is_mu" if k_is_mu else "")
+            q, do = (torch.randn(B, H, Tq, D, dtype=dtype) for _ in range(2))
+            k, v = (torch.randn(B, H, Tk, D, dtype=dtype) for _ in range(2))
+            delta = torch.zeros(H, D)
+            args = (delta, causal, D ** -0.5, 10000.0, q_offset, k_is_mu)
+            out, lse = _fwd(q, k, v, *args)
+            if Tq > _DECODE_MAX_TQ:
+                _bwd(do, q, k, v, *args[:1], out, lse, *args[1:])
+    finally:
+        _launch, _cartesian_kernel, _AUTOTUNE = saved
+    return rows
+
+
 def _compile_check():
     """torch.compile(fullgraph=True) of a function around pope_attention:
     raises if the custom op breaks the graph."""
@@ -1123,9 +1197,20 @@ if __name__ == "__main__":
     ap.add_argument("--check", action="store_true", help="correctness sweep against float64 on the GPU")
     ap.add_argument("--variants", action="store_true", help="with --bench: time variants that leave a stage out")
     ap.add_argument("--compile", action="store_true", help="check torch.compile(fullgraph=True) around the op")
+    ap.add_argument("--aot", action="store_true", help="no GPU needed: compile every kernel and autotuning "
+                    "config for sm_90 (Hopper); print registers, spills and shared memory")
     a = ap.parse_args()
-    if not (a.bench or a.check or a.compile):
-        ap.error("nothing to do: pass --bench, --check and/or --compile")
+    if not (a.bench or a.check or a.compile or a.aot):
+        ap.error("nothing to do: pass --bench, --check, --compile and/or --aot")
+    if a.aot:
+        print(f"# triton {triton.__version__}, sm_90; stack = bytes of spills; shared of {_HOPPER_SMEM} per block")
+        for D in (64, 128):
+            for r in aot_report([(1, 2, 256, 256, D, torch.bfloat16, True, 0, False),
+                                 (1, 2, 1, 256, D, torch.bfloat16, True, 255, True)]):
+                print(f"{r['kernel']:20s} {r['case']:34s} {str(r['config']):18s} regs {r['reg']:3d} "
+                      f"stack {r['stack']:4d} shared {r['shared']:6d} wgmma {r['wgmma']}", flush=True)
+        if not (a.bench or a.check or a.compile):
+            raise SystemExit(0)
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     if a.check and not _check():

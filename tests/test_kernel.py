@@ -206,6 +206,35 @@ def test_interpreter_suite():
     assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-2000:]
 
 
+@parent_only
+def test_kernels_compile_for_hopper():
+    """What the interpreter cannot tell: that every kernel compiles for an H200
+    (sm_90, Triton's real compiler and ptxas, no GPU needed). At D=64 in bf16,
+    the paper's setting, every autotuning config must fit the shared memory of a
+    block, keep its accumulators in registers (no spills) and run its dots on
+    Hopper's wgmma tensor-core instructions; other dtypes and head dims compile
+    with the config used without autotuning. (About 40 s on 2 cores.)"""
+    B, H = 1, 2
+    main = pk.aot_report([(B, H, 200, 200, 64, torch.bfloat16, True, 0, False)], all_configs=True)
+    kinds = {"_pope_fwd": "fwd", "_pope_bwd_dkdv": "dkdv", "_pope_bwd_dq": "dq"}
+    kernels = tuple(kinds)
+    for name, kind in kinds.items():
+        assert len([r for r in main if r["kernel"] == name]) == len(pk._BLOCKS[kind][64])
+    for r in main:
+        assert r["shared"] <= pk._HOPPER_SMEM, r
+        assert r["stack"] == 0 and r["local"] == 0, f"register spills: {r}"
+        assert r["wgmma"] or r["kernel"] == "_cartesian_kernel", f"no wgmma: {r}"
+    # fp16, fp32 (IEEE dots), D=32 and 128, non-causal, decoding from a mu cache
+    others = pk.aot_report([(B, H, 100, 100, 128, torch.float16, True, 0, False),
+                            (B, H, 50, 70, 32, torch.float32, False, 0, False),
+                            (B, H, 1, 300, 64, torch.bfloat16, True, 299, True)], all_configs=False)
+    for case in {r["case"] for r in others}:
+        names = {r["kernel"] for r in others if r["case"] == case}
+        assert names == ({"_cartesian_kernel", "_pope_fwd"} if "Tq=1 " in case else
+                         {"_cartesian_kernel", *kernels}), (case, names)
+    assert all(r["shared"] <= pk._HOPPER_SMEM for r in others)
+
+
 @interpreted
 def test_strided_inputs_from_a_fused_projection():
     """q, k, v as model.py makes them: views of one (B, T, 3C) tensor, transposed."""
