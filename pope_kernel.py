@@ -288,6 +288,30 @@ def _cartesian_kernel(X, XC, THETA, DELTA, O, DO, DI,
 
 
 @triton.jit
+def _query_block(Q, THETA, sqb, sqh, sqt, sqd, H, TQ, q_offset,
+                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The prologue of the forward and the dq kernel: which BLOCK_M query rows of
+    which (batch, head) this program owns, and those rows made Cartesian (queries
+    have no delta) in registers, in Q's dtype. The block lives for the whole
+    program, so it is never written out."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows = offs_m < TQ
+    qpos = q_offset + offs_m
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+                mask=rows[:, None], other=0.0)
+    theta = tl.load(THETA + offs_d)
+    qc, qs = _cartesian_tile(q.to(tl.float32), qpos.to(tl.float32), theta,
+                             tl.zeros([HEAD_DIM], dtype=tl.float32), False)
+    return bh, b, h, m0, offs_m, offs_d, rows, qpos, theta, _cast(qc, q.dtype), _cast(qs, q.dtype)
+
+
+@triton.jit
 def _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, K, V, sks, skd, svs, svd, theta, delta,
                lo, hi, TK, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
@@ -349,25 +373,9 @@ def _pope_fwd(Q, K, KC, V, O, LSE, THETA, DELTA,
     """One program: BLOCK_M query rows of one (batch, head), all keys they see.
     Writes O and the row's log2-sum-exp (for the backward). qk_scale holds
     sm_scale*log2(e) so that the softmax runs on exp2."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
-    m0 = pid_m * BLOCK_M
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    rows = offs_m < TQ
-    qpos = q_offset + offs_m
-    # the query block lives for the whole program: Cartesian in registers,
-    # never written out
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
-                mask=rows[:, None], other=0.0)
-    theta = tl.load(THETA + offs_d)
+    bh, b, h, m0, offs_m, offs_d, rows, qpos, theta, qc, qs = _query_block(
+        Q, THETA, sqb, sqh, sqt, sqd, H, TQ, q_offset, HEAD_DIM, BLOCK_M)
     delta = tl.load(DELTA + h * HEAD_DIM + offs_d)
-    qc32, qs32 = _cartesian_tile(q.to(tl.float32), qpos.to(tl.float32), theta,
-                                          tl.zeros([HEAD_DIM], dtype=tl.float32), False)
-    qc = _cast(qc32, V.dtype.element_ty)
-    qs = _cast(qs32, V.dtype.element_ty)
 
     K = K + b * skb + h * skh
     KC = KC + bh * TK * 2 * HEAD_DIM
@@ -540,22 +548,8 @@ def _pope_bwd_dq(Q, KC, V, DO, LSE, DI, DQ, THETA,
                  CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
     """One program: BLOCK_M query rows of one (batch, head), every key block
     they see. Writes dq."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
-    m0 = pid_m * BLOCK_M
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    rows = offs_m < TQ
-    qpos = q_offset + offs_m
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
-                mask=rows[:, None], other=0.0)
-    theta = tl.load(THETA + offs_d)
-    zero_delta = tl.zeros([HEAD_DIM], dtype=tl.float32)
-    qc32, qs32 = _cartesian_tile(q.to(tl.float32), qpos.to(tl.float32), theta, zero_delta, False)
-    qc = _cast(qc32, q.dtype)
-    qs = _cast(qs32, q.dtype)
+    bh, b, h, m0, offs_m, offs_d, rows, qpos, theta, qc, qs = _query_block(
+        Q, THETA, sqb, sqh, sqt, sqd, H, TQ, q_offset, HEAD_DIM, BLOCK_M)
     do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :] * sdod,
                  mask=rows[:, None], other=0.0)
     lse = tl.load(LSE + bh * TQ + offs_m, mask=rows, other=0.0)
@@ -577,7 +571,8 @@ def _pope_bwd_dq(Q, KC, V, DO, LSE, DI, DQ, THETA,
                          HEAD_DIM, BLOCK_N, True, CAUSAL, DOT_PREC)
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
                 mask=rows[:, None], other=0.0).to(tl.float32)
-    dq, _ = _cartesian_grad(q, qpos.to(tl.float32), theta, zero_delta, dqc * sm_scale, dqs * sm_scale, False)
+    dq, _ = _cartesian_grad(q, qpos.to(tl.float32), theta, tl.zeros([HEAD_DIM], dtype=tl.float32),
+                            dqc * sm_scale, dqs * sm_scale, False)
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :] * sdqd,
              _cast(dq, DQ.dtype.element_ty), mask=rows[:, None])
 
