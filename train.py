@@ -363,7 +363,7 @@ def main(argv):
     if ddp:
         # 100 MB buckets: under torch.compile, DDP splits the graph at every bucket, and the default
         # 25 MB gives ~20 pieces for 124M. With gradients as views of the buckets (no copy), the
-        # PoPE-124M step on 2 H200s went from 46.8 to 43.5 ms (1 GPU: 40.2 ms); see RESULTS.md
+        # PoPE-124M step on 2 H200s went from 46.8 to 43.5 ms (1 GPU: 40.4-41.1 ms); RESULTS.md, section 6
         model = DDP(model, device_ids=[int(dev.split(":")[1])] if device_type == "cuda" else None,
                     bucket_cap_mb=100, gradient_as_bucket_view=True)
     if ckpt is not None and "rng" in ckpt:  # RNG states last, so nothing above consumes from them
