@@ -174,3 +174,24 @@ def test_bad_config_is_rejected():
         GPTConfig(pos_emb="alibi")
     with pytest.raises(ValueError, match="divisible"):
         GPTConfig(n_embd=100, n_head=3)
+
+
+def test_paper_owt_sizes_in_the_readme():
+    """The README's commands for the paper's 124M/253M/774M models build models of
+    those sizes (on the meta device: no memory), head dim 64, PoPE and RoPE alike."""
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    readme = open(os.path.join(root, "README.md")).read()
+    base = {}
+    exec(open(os.path.join(root, "config", "pope_124m.py")).read(), {}, base)
+    rows = re.findall(r"^\| (\d+)M \| [\d.]+ / [\d.]+ \| `python train\.py config/pope_124m\.py([^`]*)`", readme, re.M)
+    assert [int(r[0]) for r in rows] == [124, 253, 774]
+    for size, overrides in rows:
+        arch = {k: base[k] for k in ("n_layer", "n_head", "n_embd")}
+        arch.update({k: int(v) for k, v in re.findall(r"--(n_layer|n_head|n_embd)=(\d+)", overrides)})
+        assert arch["n_embd"] // arch["n_head"] == 64
+        for pos_emb in ("pope", "rope"):
+            with torch.device("meta"):
+                m = GPT(GPTConfig(pos_emb=pos_emb, vocab_size=50304, **arch))
+            assert abs(m.get_num_params() / 1e6 - int(size)) / int(size) < 0.005, (size, pos_emb, m.get_num_params())
