@@ -1145,9 +1145,9 @@ def aot_report(cases, all_configs=True, capability=90):
                          wgmma="wgmma" in c.asm["ptx"], **_resources(c)))
 
     def launch(kernel, tuned, blocks, grid, args, kwargs):
-        # blocks is None where the launch would autotune
+        # blocks is None where the launch would autotune: then the configs its autotuner would try
         configs = [blocks] if blocks else [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
-                                           for c in tuned.configs if c.head_dim == max(kwargs["HEAD_DIM"], 64)]
+                                           for c in tuned.early_config_prune(tuned.configs, {}, **kwargs)]
         for bm, bn, w, st in configs:
             record(kernel, args, dict(kwargs, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st), (bm, bn, w, st))
 
@@ -1156,7 +1156,7 @@ def aot_report(cases, all_configs=True, capability=90):
             return lambda *args, **kwargs: record(real_prepass, args, dict(kwargs), None)
 
     saved = _launch, _cartesian_kernel, _AUTOTUNE
-    real_prepass = _cartesian_kernel
+    real_prepass = saved[1]
     _launch, _cartesian_kernel, _AUTOTUNE = launch, _Prepass(), all_configs
     try:
         for B, H, Tq, Tk, D, dtype, causal, q_offset, k_is_mu in cases:
