@@ -27,19 +27,12 @@ DATASET=${DATASET:-openwebtext}
 EXTRA=${EXTRA:-}
 # NVLink multicast stays off: on a shared host it can take the GPUs out of service
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache
-T0=$(date +%s)
+export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache
+source notes/device_env.sh
 R=/tmp/r-ddp-$PART
 rm -rf "$R"; mkdir -p "$R" "$OUT"
-elapsed() { echo $(( $(date +%s) - T0 )); }
-if [ -f .carry/tcache.tgz ] && [ ! -d /tmp/tc/tcache ]; then
-    mkdir -p /tmp/tc && tar xzf .carry/tcache.tgz -C /tmp/tc
-fi
-[ -d /tmp/tc/tcache ] && export TRITON_CACHE_DIR=/tmp/tc/tcache
-{ date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
-  nvidia-smi topo -m
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"
-  env | grep -E "NCCL|MULTICAST|NVLS" | sort; } > "$R/env.txt" 2>&1
+write_env "$R/env.txt"
+{ nvidia-smi topo -m; env | grep -E "NCCL|MULTICAST|NVLS" | sort; } >> "$R/env.txt" 2>&1
 
 # run NAME NEED_S CMD...: runs CMD (log in $R/NAME.log) if NEED_S seconds are left
 run() {

@@ -20,21 +20,15 @@ OUT=${OUT:-out-results}
 BUDGET=${BUDGET:-560}
 SEEDS=${SEEDS:-1337}
 EXTRA=${EXTRA:-}
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache
-T0=$(date +%s)
+export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache
+source notes/device_env.sh
 R=/tmp/r-ii-full
 mkdir -p "$R" "$OUT"
-elapsed() { echo $(( $(date +%s) - T0 )); }
-if [ -f .carry/tcache.tgz ] && [ ! -d /tmp/tc/tcache ]; then
-    mkdir -p /tmp/tc && tar xzf .carry/tcache.tgz -C /tmp/tc
-fi
-[ -d /tmp/tc/tcache ] && export TRITON_CACHE_DIR=/tmp/tc/tcache
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 
 if [ "$PHASE" = 1 ]; then
     rm -rf "$R"/*
-    { date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/null
-      python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$R/env.txt"
+    write_env "$R/env.txt"
     python3 prepare/indirect_indexing.py > "$R/prepare.log" 2>&1 || { cat "$R/prepare.log"; exit 1; }
     RESUME=""
 else

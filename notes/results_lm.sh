@@ -18,17 +18,11 @@ set -u
 OUT=${OUT:-out-results}
 EXTRA=${EXTRA:-}
 SMALL=${SMALL:-0}
-export PYTHONUNBUFFERED=1
-T0=$(date +%s)
+source notes/device_env.sh
 R=/tmp/r-lm
 rm -rf "$R"; mkdir -p "$R" "$OUT"
-elapsed() { echo $(( $(date +%s) - T0 )); }
 [ -d data/english ] || { mkdir -p data && cp -r .carry/data/english data/; }
-if [ -f .carry/tcache.tgz ]; then
-    mkdir -p /tmp/tc && tar xzf .carry/tcache.tgz -C /tmp/tc && export TRITON_CACHE_DIR=/tmp/tc/tcache
-fi
-{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$R/env.txt"
+write_env "$R/env.txt"
 
 # 1. pretraining, four runs side by side
 for pe in pope rope; do

@@ -23,16 +23,10 @@ SEED=${SEEDS%% *}
 EXTRA=${EXTRA:-}
 JSB=${JSB:-1}
 NOPE=${NOPE:-1}
-export PYTHONUNBUFFERED=1
-T0=$(date +%s)
+source notes/device_env.sh
 R=/tmp/r-tasks
 rm -rf "$R"; mkdir -p "$R" "$OUT"
-if [ -f .carry/tcache.tgz ]; then
-    mkdir -p /tmp/tc && tar xzf .carry/tcache.tgz -C /tmp/tc && export TRITON_CACHE_DIR=/tmp/tc/tcache
-fi
-{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$R/env.txt"
-elapsed() { echo $(( $(date +%s) - T0 )); }
+write_env "$R/env.txt"
 
 python3 prepare/indirect_indexing.py > "$R/prepare.log" 2>&1 || { cat "$R/prepare.log"; exit 1; }
 JSB_IN=.carry/jsb/Jsb16thSeparated.npz; [ -f $JSB_IN ] || JSB_IN=../shared/data/music/Jsb16thSeparated.npz
