@@ -5,7 +5,7 @@
 # weight decay 0.1, dropout 0.1 (229 training chorales overfit quickly).
 # Metric: test NLL per token (the paper's), over the chorale tokens only (the
 # loss mask drops the <s>/padding), on the whole test split.
-# Data:  python prepare/jsb.py --input ../shared/data/music/Jsb16thSeparated.npz
+# Data:  python prepare/jsb.py --input ../shared/data/music/Jsb16thSeparated.json
 # Usage: python train.py config/jsb_rope.py
 # Test NLL of the checkpoint:
 #        python train.py config/jsb_rope.py --init_from=resume --eval_only=True --eval_full=True --eval_splits=test

@@ -1,14 +1,19 @@
 """Shared helpers for the prepare/ scripts: output paths, .bin/meta.json
-writing (atomic, byte-identical on re-runs), a progress bar (tqdm when it is
-installed, else a small periodic printer), optional imports and a download
-helper that fails fast when offline.
+writing (byte-identical on re-runs), a dataset written as a set (staged in a
+folder beside out_dir and swapped in whole: staged_dataset), the command that
+rebuilds a dataset, the dataset check train.py runs (check_dataset), a tqdm
+progress bar, optional imports and a download helper that fails fast offline.
 """
 
+import argparse
+import errno
 import importlib
 import json
 import os
+import re
+import shlex
+import shutil
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -45,65 +50,53 @@ def require(module, pip_name, purpose):
 # -----------------------------------------------------------------------------
 # progress
 
-class _Printer:
-    """Fallback progress reporter with tqdm's small subset of the API:
-    iterate over it, or call update(n); prints a line at most every
-    `every` seconds and once at the end."""
-
-    def __init__(self, iterable=None, total=None, desc="", unit="it", every=2.0):
-        self.iterable, self.total, self.desc, self.unit = iterable, total, desc, unit
-        if total is None and iterable is not None and hasattr(iterable, "__len__"):
-            self.total = len(iterable)
-        self.n, self.every = 0, every
-        self.t0 = self.last = time.time()
-        self.closed = False
-
-    def _print(self):
-        el = time.time() - self.t0
-        if self.total:
-            msg = f"{self.desc}: {self.n:,}/{self.total:,} {self.unit} ({100.0 * self.n / self.total:.0f}%)"
-        else:
-            msg = f"{self.desc}: {self.n:,} {self.unit}"
-        print(f"{msg} [{el:.1f}s]", file=sys.stderr, flush=True)
-
-    def update(self, n=1):
-        self.n += n
-        now = time.time()
-        if now - self.last >= self.every:
-            self.last = now
-            self._print()
-
-    def close(self):
-        if not self.closed:
-            self.closed = True
-            self._print()
-
-    def __iter__(self):
-        try:
-            for x in self.iterable:
-                yield x
-                self.update(1)
-        finally:
-            self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
 def progress(iterable=None, total=None, desc="", unit="it"):
-    """tqdm(iterable, total, desc, unit) if tqdm is importable (and
-    POPE_NO_TQDM is unset), else the periodic printer above."""
-    if not os.environ.get("POPE_NO_TQDM"):
-        try:
-            from tqdm import tqdm
-            return tqdm(iterable, total=total, desc=desc, unit=unit, unit_scale=unit != "it",
-                        mininterval=1.0, file=sys.stderr)
-        except ImportError:
-            pass
-    return _Printer(iterable, total=total, desc=desc, unit=unit)
+    """A tqdm bar on stderr (tqdm is a core requirement; imported here, on first
+    use, so that importing a prepare module stays light)."""
+    tqdm = require("tqdm", "tqdm", "the progress bars of prepare/*.py").tqdm
+    return tqdm(iterable, total=total, desc=desc, unit=unit, unit_scale=unit != "it",
+                mininterval=1.0, file=sys.stderr)
+
+
+# -----------------------------------------------------------------------------
+# tokenizers: what sample.py and the eval scripts use to turn text into a
+# checkpoint's token ids and back
+
+def gpt2_encoding():
+    """tiktoken's gpt2 encoding, or a PrepareError that says what to do offline."""
+    try:
+        import tiktoken
+    except ImportError as e:
+        raise PrepareError("GPT-2 tokenization needs the Python package 'tiktoken' (pip install tiktoken)") from e
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:  # offline with no cached BPE files
+        raise PrepareError(
+            f"tiktoken could not load the gpt2 encoding ({type(e).__name__}; offline?). Offline, point "
+            "TIKTOKEN_CACHE_DIR at a folder that holds tiktoken's gpt2 files (e.g. a copy of ../shared/tiktoken_cache)") from e
+
+
+def codec(meta):
+    """(encode, decode) for a dataset's meta.json: GPT-2 BPE ("tokenizer": "gpt2")
+    or a list of token strings ("itos"). encode raises ValueError for text the
+    vocabulary cannot express."""
+    if meta.get("tokenizer") == "gpt2":
+        enc = gpt2_encoding()
+        return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), enc.decode
+    if "itos" in meta:
+        itos = meta["itos"]
+        stoi = {s: i for i, s in enumerate(itos)}
+        single = all(len(s) == 1 for s in itos)
+
+        def encode(s):
+            if not single:
+                raise ValueError("this vocabulary has multi-character tokens; give the prompt as token ids")
+            bad = sorted(set(c for c in s if c not in stoi))
+            if bad:
+                raise ValueError(f"characters {bad} are not in the vocabulary ({''.join(itos)!r})")
+            return [stoi[c] for c in s]
+        return encode, lambda ids: "".join(itos[i] for i in ids)
+    raise ValueError("meta.json needs either \"tokenizer\": \"gpt2\" or an \"itos\" list")
 
 
 def log(msg):
@@ -148,7 +141,8 @@ class BinWriter:
 def split_writers(out_dir, splits, dtype=np.uint16):
     """One BinWriter per split, {split: writer}. An error inside the block removes
     every temp file (no half-written split survives); leaving it normally closes
-    them all, and each writer's .count holds its tokens."""
+    them all, and each writer's .count holds its tokens. The scripts open them in
+    the staging folder of staged_dataset, so that the whole set is swapped in."""
     writers = {s: BinWriter(Path(out_dir) / f"{s}.bin", dtype) for s in splits}
     try:
         yield writers
@@ -203,6 +197,434 @@ def report(out_dir, counts, extra=None):
         if extra and split in extra:
             line += f" ({extra[split]})"
         print(line)
+
+
+# -----------------------------------------------------------------------------
+# a dataset is written as a set
+#
+# A script writes every file of a dataset into a staging folder beside out_dir,
+# <out_dir>.tmp-<pid>, and only when all of them are complete (and agree with
+# meta.json) swaps it in:
+#   1. exchange <out_dir>.tmp-<pid> and out_dir in one atomic renameat2(RENAME_EXCHANGE)
+#      (Linux), then rename the staging name, which now holds the old set, to
+#      <out_dir>.old-<pid>; where the exchange is not supported, rename
+#      out_dir -> <out_dir>.old-<pid>, then <out_dir>.tmp-<pid> -> out_dir;
+#   2. move the download cache raw/ from the old folder into the new one;
+#   3. delete <out_dir>.old-<pid>.
+# An error in the script deletes the staging folder; a kill leaves out_dir with the
+# complete old or new set (with the two-rename fallback, a kill between the two
+# renames leaves no out_dir for a moment, and the old set beside it) and a
+# .tmp-/.old- folder beside it, which the next run for that out_dir cleans up: it
+# first puts an .old- folder back when out_dir is missing, then deletes the
+# leftovers (keeping their raw/). check_dataset names such leftovers.
+# out_dir may hold only a dataset's own files: meta.json, {split}.bin,
+# {split}_mask.bin (and their .tmp files from an interrupted older version) and
+# the folder raw/; anything else (a user's files) makes the script refuse to
+# run, naming it, so nothing of a user's is ever deleted.
+
+DOWNLOADS = "raw"
+DATASET_FILES = frozenset(["meta.json"] + [f"{s}{x}.bin" for s in SPLITS for x in ("", "_mask")])
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _foreign_entries(folder):
+    """Names in folder that are not a dataset's own files (folders end in '/')."""
+    out = []
+    for p in sorted(Path(folder).iterdir()):
+        if p.name == DOWNLOADS and p.is_dir() and not p.is_symlink():
+            continue
+        base = p.name[:-4] if p.name.endswith(".tmp") else p.name
+        if base in DATASET_FILES and p.is_file() and not p.is_symlink():
+            continue
+        out.append(p.name + ("/" if p.is_dir() else ""))
+    return out
+
+
+def _names(names, limit=8):
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _leftovers(target):
+    """[(kind, pid, path)] of the staging (.tmp-) and old (.old-) folders that
+    runs for target left beside it."""
+    pat = re.compile(re.escape(target.name) + r"\.(tmp|old)-(\d+)")
+    out = []
+    if target.parent.is_dir():
+        for p in target.parent.iterdir():
+            m = pat.fullmatch(p.name)
+            if m and p.is_dir() and not p.is_symlink():
+                out.append((m.group(1), int(m.group(2)), p))
+    return sorted(out)
+
+
+def _pid_alive(pid):
+    if pid == os.getpid():
+        return False  # a leftover of an earlier call in this process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _exchange(a, b):
+    """Swap the paths a and b atomically (Linux renameat2 RENAME_EXCHANGE).
+    False where the system or file system does not support it."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(str(a)), _AT_FDCWD, os.fsencode(str(b)), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+def _fsync(path, directory=False):
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems do not sync folders
+    finally:
+        os.close(fd)
+
+
+def _discard(folder, target, strict=True):
+    """Delete a leftover .tmp-/.old- folder of target, moving its raw/ into target
+    when target has none. With foreign files in it: a PrepareError (strict) or a
+    warning, and the folder stays."""
+    foreign = _foreign_entries(folder)
+    if foreign:
+        msg = (f"{folder} (left by a prepare run for {target}) holds files that are not part of a dataset: "
+               f"{_names(foreign)}; move them away and delete {folder}")
+        if strict:
+            raise PrepareError(msg)
+        log(f"warning: {msg}")
+        return
+    raw = folder / DOWNLOADS
+    if raw.is_dir() and target.is_dir() and not os.path.lexists(target / DOWNLOADS):
+        os.rename(raw, target / DOWNLOADS)
+    shutil.rmtree(folder)
+
+
+def _recover(target):
+    """Clean up what interrupted runs for target left beside it (see above)."""
+    left = _leftovers(target)
+    for kind, pid, p in left:
+        if _pid_alive(pid):
+            raise PrepareError(f"{p} exists: another prepare run (pid {pid}) is writing {target}; wait for it to "
+                               f"finish, or delete {p} if no such run is going on")
+    olds = [p for kind, _, p in left if kind == "old"]
+    if olds and not os.path.lexists(target):
+        # killed between its two renames: the old folder holds the previous complete set
+        os.rename(olds[-1], target)
+        log(f"restored {target} from {olds[-1].name}, left by an interrupted run")
+    for _, _, p in left:
+        if p.exists():
+            _discard(p, target)
+            log(f"removed {p}, left by an interrupted run")
+
+
+def _check_target(target):
+    if os.path.lexists(target) and not target.is_dir():
+        raise PrepareError(f"--out_dir {target} exists and is not a folder")
+    if target.is_dir():
+        foreign = _foreign_entries(target)
+        if foreign:
+            raise PrepareError(
+                f"--out_dir {target} holds files that are not part of a dataset: {_names(foreign)}; a re-run "
+                "replaces the whole folder, so move them away (or pick another --out_dir)")
+
+
+def _check_stage(stage):
+    """The staged set must be complete and agree with its meta.json."""
+    meta = _check(stage, [p.name[:-4] for p in sorted(stage.glob("*.bin")) if not p.name.endswith("_mask.bin")],
+                  scan=False, hint="a bug in the prepare script")
+    tokens = meta.get("tokens")
+    if not isinstance(meta.get("prepare"), str) or not isinstance(tokens, dict):
+        raise PrepareError(f"{stage / 'meta.json'}: no \"prepare\" command or \"tokens\" counts (a bug in the prepare script)")
+    have = sorted(p.name[:-4] for p in stage.glob("*.bin") if not p.name.endswith("_mask.bin"))
+    if sorted(tokens) != have:
+        raise PrepareError(f"{stage / 'meta.json'}: tokens lists {sorted(tokens)}, the folder holds {have}")
+
+
+def _swap_in(stage, target):
+    """Replace target by stage (the protocol above)."""
+    for p in stage.iterdir():
+        _fsync(p)
+    _fsync(stage, directory=True)
+    if not os.path.lexists(target):
+        os.rename(stage, target)
+        _fsync(target.parent, directory=True)
+        return
+    _check_target(target)  # again: files may have been added while the script ran
+    old = target.with_name(f"{target.name}.old-{os.getpid()}")
+    if _exchange(stage, target):
+        os.rename(stage, old)
+    else:
+        os.rename(target, old)
+        try:
+            os.rename(stage, target)
+        except BaseException:
+            os.rename(old, target)
+            raise
+    _fsync(target.parent, directory=True)
+    try:
+        _discard(old, target, strict=False)
+    except OSError as e:  # the new set is in place; the next run deletes what is left
+        log(f"warning: could not delete {old} ({e})")
+
+
+def check_out_dir(out_dir):
+    """Refuse (PrepareError) an out_dir that holds files of its own, early, before a
+    long input phase (staged_dataset checks again)."""
+    _check_target(dataset_target(out_dir))
+
+
+def dataset_target(out_dir):
+    """The folder a dataset goes to: out_dir made absolute, following a symlink
+    (a linked data folder stays a link; the swap happens where it points)."""
+    return Path(os.path.realpath(os.path.abspath(out_dir)))
+
+
+@contextmanager
+def staged_dataset(out_dir):
+    """Write a dataset as a set: yields the staging folder <out_dir>.tmp-<pid> to
+    write every .bin and meta.json into; leaving the block normally checks the set
+    and swaps it in for out_dir, an error deletes it and leaves out_dir as it was.
+    Refuses (PrepareError) an out_dir that holds files of its own, before any work."""
+    target = dataset_target(out_dir)
+    _recover(target)
+    _check_target(target)
+    stage = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stage.mkdir()
+    try:
+        yield stage
+        _check_stage(stage)
+        _swap_in(stage, target)
+    except BaseException:
+        if stage.exists():
+            shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+# -----------------------------------------------------------------------------
+# the command that rebuilds a dataset
+
+def repo_path(path):
+    """path as the commands write it: relative to the repo root when it lies in
+    the repo or next to it (data/english, ../shared/data/...), else absolute."""
+    a = os.path.abspath(path)
+    rel = os.path.relpath(a, REPO_ROOT)
+    ups = 0
+    for part in Path(rel).parts:
+        if part != os.pardir:
+            break
+        ups += 1
+    return rel if ups <= 1 else a
+
+
+def command_line(script, parser, args, defaults=None, skip=("num_proc",), paths=("input", "val_input", "out_dir")):
+    """The command, run from the repo root, that rebuilds a dataset:
+    `python prepare/<script>.py` and every option of args whose value differs from
+    its default (defaults overrides parser defaults), in the parser's order but
+    --out_dir last, paths
+    as repo_path writes them, quoted for a POSIX shell. Options in skip (the number
+    of worker processes) do not change the output and are left out."""
+    defaults = defaults or {}
+    parts = ["python", f"prepare/{script}.py"]
+    actions = sorted(parser._actions, key=lambda a: a.dest == "out_dir")  # --out_dir last
+    for a in actions:
+        if not a.option_strings or a.dest in skip or isinstance(a, argparse._HelpAction):
+            continue
+        value, default = getattr(args, a.dest), defaults.get(a.dest, a.default)
+        if value is None:
+            continue
+        if a.dest in paths:
+            norm = lambda v: [repo_path(x) for x in v] if isinstance(v, (list, tuple)) else (  # noqa: E731
+                None if v is None else repo_path(v))
+            value, default = norm(value), norm(default)
+        if value == default:
+            continue
+        opt = next((o for o in a.option_strings if o.startswith("--")), a.option_strings[0])
+        if isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            parts.append(opt)
+        elif isinstance(value, (list, tuple)):
+            parts += [opt] + [str(v) for v in value]
+        else:
+            parts += [opt, str(value)]
+    return shlex.join(parts)
+
+
+_ENGLISH = ("python prepare/openwebtext.py --out_dir data/english --input ../shared/data/text/owt_sample.jsonl "
+            "../shared/data/text/english/{abc,brown,inaugural,movie_reviews,tinyshakespeare,webtext}.txt "
+            "--val_input ../shared/data/text/english/state_union.txt")
+PREPARE_COMMANDS = {
+    "openwebtext": "python prepare/openwebtext.py",
+    "indirect_indexing": "python prepare/indirect_indexing.py",
+    "indirect_indexing_quick": "python prepare/indirect_indexing.py --quick",
+    "jsb": "python prepare/jsb.py --input <Jsb16thSeparated.json>",
+    "maestro": "python prepare/maestro.py",
+    "genome": "python prepare/genome.py",
+    "english": _ENGLISH,  # as in config/english_small.py's header
+}
+
+
+def prepare_command(name):
+    """The command that makes the dataset data/<name> (for a dataset without a
+    readable meta.json; one that has it records its own in meta["prepare"]).
+    For an unknown name: a sentence listing the prepare scripts."""
+    if name in PREPARE_COMMANDS:
+        return PREPARE_COMMANDS[name]
+    scripts = sorted(p.stem for p in Path(__file__).parent.glob("*.py") if p.stem not in ("__init__", "common"))
+    return (f"no prepare command is known for a dataset named {name!r}; the prepare scripts are "
+            + ", ".join(f"python prepare/{s}.py" for s in scripts)
+            + " (see README.md, Data; each takes --out_dir)")
+
+
+# -----------------------------------------------------------------------------
+# checking a dataset
+
+CHECK_CHUNK = 1 << 26  # tokens read at a time by check_dataset's scans
+
+
+def _rebuild_hint(data_dir, meta):
+    """'rebuild it with: <command>' (meta["prepare"], else prepare_command of the
+    folder's name, with --out_dir when the folder is not data/<name>)."""
+    if isinstance(meta, dict) and isinstance(meta.get("prepare"), str) and meta["prepare"].strip():
+        return f"rebuild it with: {meta['prepare']}"
+    name = Path(os.path.abspath(data_dir)).name
+    cmd = prepare_command(name)
+    if name not in PREPARE_COMMANDS:
+        return cmd
+    if "--out_dir" not in cmd and os.path.abspath(data_dir) != os.path.abspath(default_out_dir(name)):
+        cmd += " --out_dir " + shlex.quote(repo_path(data_dir))
+    return f"rebuild it with: {cmd}"
+
+
+def _one_line(s):
+    return " ".join(str(s).split())
+
+
+def _scan(mm, chunk, fn):
+    """fn(piece) over chunks of a 1-D memmap, so that memory stays small."""
+    for i in range(0, len(mm), chunk):
+        yield i, fn(np.asarray(mm[i:i + chunk]))
+
+
+def _check(data_dir, splits, scan=True, hint=None):
+    data_dir = Path(data_dir)
+    meta = None
+
+    def fail(path, what):
+        h = hint if hint is not None else _rebuild_hint(data_dir, meta)
+        raise PrepareError(_one_line(f"{path}: {what}; {h}"))
+
+    if not data_dir.is_dir():
+        left = [p.name for _, _, p in _leftovers(dataset_target(data_dir))]
+        fail(data_dir, "no such dataset folder" + (
+            f" (an interrupted prepare run left {_names(left)} beside it; re-running the command restores or "
+            "replaces the dataset)" if left else ""))
+    meta_path = data_dir / "meta.json"
+    if not meta_path.is_file():
+        fail(meta_path, "missing")
+    try:
+        loaded = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        fail(meta_path, f"not valid JSON ({e})")
+    except OSError as e:
+        fail(meta_path, f"cannot be read ({e.strerror or e})")
+    if not isinstance(loaded, dict):
+        fail(meta_path, f"holds a JSON {type(loaded).__name__}, not an object")
+    meta = loaded
+    V = meta.get("vocab_size")
+    if not (isinstance(V, int) and not isinstance(V, bool) and V >= 1):
+        fail(meta_path, f"vocab_size is {V!r}, expected an integer >= 1")
+    try:
+        dtype = np.dtype(meta.get("dtype", "uint16"))
+        ok = dtype.kind == "u" and dtype.isnative and isinstance(meta.get("dtype", "uint16"), str)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        fail(meta_path, f"dtype is {meta.get('dtype')!r}, expected an unsigned integer type such as uint16 or uint32")
+    if V - 1 > np.iinfo(dtype).max:
+        fail(meta_path, f"dtype {dtype.name} cannot hold the token ids 0..{V - 1} of vocab_size {V}")
+    meta.setdefault("dtype", "uint16")
+    row_len = meta.get("row_len")
+    if row_len is not None and not (isinstance(row_len, int) and not isinstance(row_len, bool) and row_len >= 1):
+        fail(meta_path, f"row_len is {row_len!r}, expected an integer >= 1")
+    tokens = meta.get("tokens")
+    if tokens is not None and not isinstance(tokens, dict):
+        fail(meta_path, f"tokens is {tokens!r}, expected {{split: token count}}")
+    for split in splits:
+        path = data_dir / f"{split}.bin"
+        if not path.is_file():
+            fail(path, "missing")
+        size = path.stat().st_size
+        if size % dtype.itemsize:
+            fail(path, f"{size:,} bytes, not a multiple of {dtype.itemsize} (the size of a {dtype.name} token): truncated?")
+        n = size // dtype.itemsize
+        if n == 0:
+            fail(path, "empty (0 tokens)")
+        if tokens is not None and split in tokens:
+            want = tokens[split]
+            if not (isinstance(want, int) and not isinstance(want, bool)):
+                fail(meta_path, f"tokens[{split!r}] is {want!r}, expected an integer")
+            if n != want:
+                fail(path, f"holds {n:,} tokens but meta.json records {want:,} (files from different runs?)")
+        if row_len and n % row_len:
+            fail(path, f"holds {n:,} tokens, not a multiple of row_len {row_len}")
+        mpath = data_dir / f"{split}_mask.bin"
+        if mpath.exists():
+            m = mpath.stat().st_size
+            if m != n:
+                fail(mpath, f"holds {m:,} entries but {path.name} holds {n:,} tokens")
+        if not scan:
+            continue
+        mm = np.memmap(path, dtype=dtype, mode="r")
+        for i, mx in _scan(mm, CHECK_CHUNK, np.max):
+            if mx >= V:
+                bad = int(np.argmax(np.asarray(mm[i:i + CHECK_CHUNK]) >= V))
+                fail(path, f"token id {int(mx)} (first out of range at token {i + bad:,}) is >= vocab_size {V}")
+        del mm
+        if mpath.exists():
+            mask = np.memmap(mpath, dtype=np.uint8, mode="r")
+            if not any(hit for _, hit in _scan(mask, CHECK_CHUNK, np.any)):
+                fail(mpath, "scores no token (all zeros)")
+            del mask
+    return meta
+
+
+def check_dataset(data_dir, splits=("train", "val")):
+    """Check the dataset in data_dir for training and return its meta.json as a dict.
+
+    Raises PrepareError with one line that names the wrong file, says what is
+    wrong and gives the command that rebuilds the dataset (meta["prepare"] when
+    meta.json is readable, else prepare_command(<folder name>)), for: a missing
+    folder or meta.json; meta.json that is not valid JSON, or lacks an integer
+    vocab_size >= 1, or has a dtype that is not an unsigned integer type wide
+    enough for the vocabulary (a missing dtype means uint16, and the returned meta
+    then says so), or a
+    bad row_len/tokens entry; for each split in splits: a missing {split}.bin, one
+    whose size is not a multiple of the dtype's size, an empty one, a token count
+    other than meta["tokens"][split] (when recorded), with row_len a count that is
+    not a multiple of it, a {split}_mask.bin whose length differs from the .bin's,
+    a token id >= vocab_size, a mask that scores no token. The scans read
+    CHECK_CHUNK tokens at a time, so memory stays small."""
+    return _check(data_dir, tuple(splits))
 
 
 # -----------------------------------------------------------------------------

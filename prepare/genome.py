@@ -214,83 +214,90 @@ def build_parser():
     return p
 
 
+def rebuild_command(args):
+    """meta["prepare"]: the command line that rebuilds this dataset (see common.command_line)."""
+    return common.command_line(NAME, build_parser(), args)
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     out_dir = Path(args.out_dir)
     if not 0 < args.holdout_frac < 0.5:
         raise common.PrepareError("--holdout_frac must be in (0, 0.5)")
-    if args.input is None:
-        src = common.download(URL, out_dir / "raw" / "hg38.fa.gz",
-                              hint=f"Download {URL} (or any reference FASTA, plain or gzip) and pass it with --input FILE.")
-    else:
-        src = args.input
     lst = lambda s: {_norm(x.strip()) for x in s.split(",") if x.strip()}
     val_chroms, test_chroms, keep = lst(args.val_chroms), lst(args.test_chroms), lst(args.chroms)
     if val_chroms & test_chroms:
         raise common.PrepareError(f"chromosomes in both --val_chroms and --test_chroms: {sorted(val_chroms & test_chroms)}")
     f = args.holdout_frac
 
-    stats = {s: {"bases": 0, "contigs": 0} for s in common.SPLITS}
-    records, regions, dropped, seen = [], {}, 0, set()
-    with common.split_writers(out_dir, common.SPLITS) as writers:
-        for path in input_files(src):
-            for name, seq in read_fasta(path):
-                if keep and _norm(name) not in keep:
-                    continue
-                seen.add(_norm(name))
-                codes = _LUT[np.frombuffer(seq, dtype=np.uint8)]
-                L = len(codes)
-                n_acgt = int((codes < 4).sum())
-                dropped += L - n_acgt
-                records.append({"name": name, "length": L, "acgt": n_acgt})
-                if _norm(name) in val_chroms:
-                    parts = [("val", 0, L)]
-                elif _norm(name) in test_chroms:
-                    parts = [("test", 0, L)]
-                else:
-                    cut_t = L - int(round(f * L)) if not test_chroms else L
-                    cut_v = cut_t - int(round(f * L)) if not val_chroms else cut_t
-                    parts = [("train", 0, cut_v), ("val", cut_v, cut_t), ("test", cut_t, L)]
-                    held = {s: [a, b] for s, a, b in parts if s != "train" and b > a}
-                    if held:
-                        regions[name] = held
-                for split, a, b in parts:
-                    if b <= a:
+    with common.staged_dataset(out_dir) as stage:
+        if args.input is None:
+            src = common.download(URL, common.dataset_target(out_dir) / common.DOWNLOADS / "hg38.fa.gz",
+                                  hint=f"Download {URL} (or any reference FASTA, plain or gzip) and pass it with --input FILE.")
+        else:
+            src = args.input
+        stats = {s: {"bases": 0, "contigs": 0} for s in common.SPLITS}
+        records, regions, dropped, seen = [], {}, 0, set()
+        with common.split_writers(stage, common.SPLITS) as writers:
+            for path in input_files(src):
+                for name, seq in read_fasta(path):
+                    if keep and _norm(name) not in keep:
                         continue
-                    ids, n = tokenize(codes[a:b])
-                    writers[split].write(ids)
-                    stats[split]["bases"] += int((codes[a:b] < 4).sum())
-                    stats[split]["contigs"] += n
-                common.log(f"{name}: {L:,} bases, {n_acgt:,} A/C/G/T")
-        missing = (val_chroms | test_chroms | keep) - seen
-        if missing:
-            raise common.PrepareError(f"chromosomes not found in {src}: {sorted(missing)}")
-        if not records:
-            raise common.PrepareError(f"no FASTA records in {src}")
-        for s in common.SPLITS:
-            if writers[s].count == 0:
-                raise common.PrepareError(f"split '{s}' is empty: {src} has no A/C/G/T bases for it "
-                                          "(empty input, or only N?)")
-    counts = {s: w.count for s, w in writers.items()}
-    meta = {
-        "format": NAME,
-        "vocab_size": VOCAB_SIZE,
-        "dtype": "uint16",
-        "itos": ITOS,
-        "eos_id": EOS,
-        "kmer": K,
-        "records": records,
-        "holdout_regions": regions,
-        "val_chroms": sorted(val_chroms),
-        "test_chroms": sorted(test_chroms),
-        "holdout_frac": f,
-        "dropped_bases": dropped,
-        "split_stats": stats,
-        "tokens": counts,
-        "source": URL,
-        "input": [p.name for p in input_files(src)],
-    }
-    common.write_meta(out_dir, meta)
+                    seen.add(_norm(name))
+                    codes = _LUT[np.frombuffer(seq, dtype=np.uint8)]
+                    L = len(codes)
+                    n_acgt = int((codes < 4).sum())
+                    dropped += L - n_acgt
+                    records.append({"name": name, "length": L, "acgt": n_acgt})
+                    if _norm(name) in val_chroms:
+                        parts = [("val", 0, L)]
+                    elif _norm(name) in test_chroms:
+                        parts = [("test", 0, L)]
+                    else:
+                        cut_t = L - int(round(f * L)) if not test_chroms else L
+                        cut_v = cut_t - int(round(f * L)) if not val_chroms else cut_t
+                        parts = [("train", 0, cut_v), ("val", cut_v, cut_t), ("test", cut_t, L)]
+                        held = {s: [a, b] for s, a, b in parts if s != "train" and b > a}
+                        if held:
+                            regions[name] = held
+                    for split, a, b in parts:
+                        if b <= a:
+                            continue
+                        ids, n = tokenize(codes[a:b])
+                        writers[split].write(ids)
+                        stats[split]["bases"] += int((codes[a:b] < 4).sum())
+                        stats[split]["contigs"] += n
+                    common.log(f"{name}: {L:,} bases, {n_acgt:,} A/C/G/T")
+            missing = (val_chroms | test_chroms | keep) - seen
+            if missing:
+                raise common.PrepareError(f"chromosomes not found in {src}: {sorted(missing)}")
+            if not records:
+                raise common.PrepareError(f"no FASTA records in {src}")
+            for s in common.SPLITS:
+                if writers[s].count == 0:
+                    raise common.PrepareError(f"split '{s}' is empty: {src} has no A/C/G/T bases for it "
+                                              "(empty input, or only N?)")
+        counts = {s: w.count for s, w in writers.items()}
+        meta = {
+            "format": NAME,
+            "prepare": rebuild_command(args),
+            "vocab_size": VOCAB_SIZE,
+            "dtype": "uint16",
+            "itos": ITOS,
+            "eos_id": EOS,
+            "kmer": K,
+            "records": records,
+            "holdout_regions": regions,
+            "val_chroms": sorted(val_chroms),
+            "test_chroms": sorted(test_chroms),
+            "holdout_frac": f,
+            "dropped_bases": dropped,
+            "split_stats": stats,
+            "tokens": counts,
+            "source": URL,
+            "input": [p.name for p in input_files(src)],
+        }
+        common.write_meta(stage, meta)
     common.report(out_dir, counts, {s: f"{stats[s]['bases']:,} bases, {stats[s]['contigs']} contig{'s' * (stats[s]['contigs'] != 1)}" for s in counts})
     return counts
 

@@ -149,6 +149,9 @@ QUICK = {"n_train": 100_000, "min_len": 8, "max_len": 12, "max_shift": 3, "name"
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="the CPU quick-start variant: strings of 8-12 letters, shifts in [-3, 3], 100k train "
+                        "examples, written to data/indirect_indexing_quick (config/indirect_indexing_quick.py)")
     p.add_argument("--out_dir", default=None, help="output folder (default data/indirect_indexing, "
                                                    "with --quick data/indirect_indexing_quick)")
     p.add_argument("--n_train", type=int, default=None, help="train examples (paper: 1,000,000; --quick: 100,000)")
@@ -158,14 +161,18 @@ def build_parser():
     p.add_argument("--min_len", type=int, default=None, help=f"shortest string (paper: {MIN_LEN})")
     p.add_argument("--max_len", type=int, default=None, help=f"longest string (paper: {MAX_LEN}, at most 52)")
     p.add_argument("--max_shift", type=int, default=None, help=f"shifts are in [-max_shift, +max_shift] (paper: {MAX_SHIFT})")
-    p.add_argument("--quick", action="store_true",
-                   help="the CPU quick-start variant: strings of 8-12 letters, shifts in [-3, 3], 100k train "
-                        "examples, written to data/indirect_indexing_quick (config/indirect_indexing_quick.py)")
     return p
+
+
+def rebuild_command(args):
+    """meta["prepare"]: the command line that rebuilds this dataset (see common.command_line)."""
+    name = QUICK["name"] if args.quick else NAME
+    return common.command_line(NAME, build_parser(), args, defaults={"out_dir": str(common.default_out_dir(name))})
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    command = rebuild_command(args)
     base = QUICK if args.quick else {"n_train": 1_000_000, "min_len": MIN_LEN, "max_len": MAX_LEN,
                                      "max_shift": MAX_SHIFT, "name": NAME}
     for k in ("n_train", "min_len", "max_len", "max_shift"):
@@ -181,26 +188,28 @@ def main(argv=None):
                                   f"(got max_shift {args.max_shift}, min_len {args.min_len}, max_len {args.max_len})")
     row_len = row_len_for(args.max_len, args.max_shift)
     counts = {}
-    for split, n in sizes.items():
-        toks, mask = generate_split(n, args.seed, split, args.min_len, args.max_len, args.max_shift)
-        counts[split] = common.write_bin(out_dir / f"{split}.bin", toks, np.uint16)
-        common.write_bin(out_dir / f"{split}_mask.bin", mask, np.uint8)
-    meta = {
-        "format": NAME,
-        "vocab_size": len(ITOS),
-        "dtype": "uint16",
-        "itos": ITOS,
-        "row_len": row_len,
-        "pad_id": PAD,
-        "n_examples": sizes,
-        "tokens": counts,
-        "seed": args.seed,
-        "string_len": [args.min_len, args.max_len],
-        "max_shift": args.max_shift,
-        "mask": "1 at the target letter only (one scored token per row)",
-        "source": "generated (PoPE paper, arXiv 2509.10534, indirect indexing)",
-    }
-    common.write_meta(out_dir, meta)
+    with common.staged_dataset(out_dir) as stage:
+        for split, n in sizes.items():
+            toks, mask = generate_split(n, args.seed, split, args.min_len, args.max_len, args.max_shift)
+            counts[split] = common.write_bin(stage / f"{split}.bin", toks, np.uint16)
+            common.write_bin(stage / f"{split}_mask.bin", mask, np.uint8)
+        meta = {
+            "format": NAME,
+            "prepare": command,
+            "vocab_size": len(ITOS),
+            "dtype": "uint16",
+            "itos": ITOS,
+            "row_len": row_len,
+            "pad_id": PAD,
+            "n_examples": sizes,
+            "tokens": counts,
+            "seed": args.seed,
+            "string_len": [args.min_len, args.max_len],
+            "max_shift": args.max_shift,
+            "mask": "1 at the target letter only (one scored token per row)",
+            "source": "generated (PoPE paper, arXiv 2509.10534, indirect indexing)",
+        }
+        common.write_meta(stage, meta)
     common.report(out_dir, counts, {s: f"{n:,} examples x {row_len}" for s, n in sizes.items()})
     return counts
 

@@ -1,16 +1,23 @@
 """JSB Chorales (16th-note grid, 4 voices) for next-token modelling.
 
 Usage:
-    python prepare/jsb.py --input ../shared/data/music/Jsb16thSeparated.npz
-    python prepare/jsb.py --input ../shared/data/music          # a folder holding the .npz or .json
-    python prepare/jsb.py                                       # downloads the .npz (needs network)
+    python prepare/jsb.py --input ../shared/data/music/Jsb16thSeparated.json
+    python prepare/jsb.py --input ../shared/data/music          # a folder holding the .json
+    python prepare/jsb.py                                       # downloads the .json (needs network)
+    python prepare/jsb.py --input Jsb16thSeparated.npz --allow_pickle   # the pickled .npz: trusted files only
 
 Source: the standard Boulanger-Lewandowski (2012) split in the Coconet
 "Jsb16thSeparated" format, https://github.com/czhuang/JSB-Chorales-dataset
-(Jsb16thSeparated.npz or .json): 229 / 76 / 77 chorales for train / valid /
-test, each a (T, 4) array of MIDI pitches (soprano, alto, tenor, bass) per
-16th note, NaN (npz) or -1 (json) for a silent voice. Both files give
-byte-identical .bin files. "valid" is written as val.
+(Jsb16thSeparated.json, or the same data as Jsb16thSeparated.npz): 229 / 76 / 77
+chorales for train / valid / test, each a (T, 4) array of MIDI pitches
+(soprano, alto, tenor, bass) per 16th note, -1 (json) or NaN (npz) for a silent
+voice. "valid" is written as val.
+
+Input: the .json is the default and the documented input. The .npz stores its
+pieces as object arrays, which numpy can only read by unpickling them, and
+unpickling a crafted file runs arbitrary code before any check; so an .npz is
+read only with --allow_pickle (use it only for files you trust). Both files
+give byte-identical .bin files.
 
 Tokenization: raster scan, time-major: at each 16th-note step the four
 voices S, A, T, B, one token each, so a chorale of T steps is 4T tokens and
@@ -45,7 +52,7 @@ import numpy as np
 from prepare import common
 
 NAME = "jsb"
-URL = "https://github.com/czhuang/JSB-Chorales-dataset/raw/master/Jsb16thSeparated.npz"
+URL = "https://github.com/czhuang/JSB-Chorales-dataset/raw/master/Jsb16thSeparated.json"
 SOURCE_SPLITS = {"train": "train", "val": "valid", "test": "test"}
 NOTE_NAMES = ["C", "C#", "D", "D#", "E", "F", "F#", "G", "G#", "A", "A#", "B"]
 LOW, HIGH = 21, 108
@@ -58,40 +65,55 @@ VOICES = ("S", "A", "T", "B")
 # reading
 
 def find_input(path):
+    """The input file: path itself, or in a folder Jsb16thSeparated.json (else
+    Jsb16thSeparated.npz, else the first .json, else the first .npz)."""
     path = Path(path)
     if path.is_dir():
-        for name in ("Jsb16thSeparated.npz", "Jsb16thSeparated.json"):
+        for name in ("Jsb16thSeparated.json", "Jsb16thSeparated.npz"):
             if (path / name).exists():
                 return path / name
-        cands = sorted(path.glob("*.npz")) + sorted(path.glob("*.json"))
+        cands = sorted(path.glob("*.json")) + sorted(path.glob("*.npz"))
         if not cands:
-            raise common.PrepareError(f"no .npz or .json JSB file in {path}")
+            raise common.PrepareError(f"no .json or .npz JSB file in {path}")
         return cands[0]
     if not path.exists():
         raise common.PrepareError(f"--input {path} does not exist")
     return path
 
 
-def load_pieces(path):
-    """{'train'|'val'|'test': [int array (T, 4), -1 = silent]} from .npz or .json."""
+def _read_json(path):
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(raw, dict):
+        raise ValueError("expected a JSON object with the keys train, valid, test")
+    return {key: [np.asarray(p, dtype=np.float64) for p in raw[key]] if key in raw else None
+            for key in SOURCE_SPLITS.values()}
+
+
+def _read_npz(path):
+    """Unpickles: only behind --allow_pickle."""
+    with np.load(path, allow_pickle=True, encoding="latin1") as raw:
+        return {key: [np.asarray(p, dtype=np.float64) for p in raw[key]] if key in raw.files else None
+                for key in SOURCE_SPLITS.values()}
+
+
+def load_pieces(path, allow_pickle=False):
+    """{'train'|'val'|'test': [int array (T, 4), -1 = silent]} from the .json, or
+    from the .npz when allow_pickle (the .npz is read by unpickling: trusted files only)."""
     path = find_input(path)
+    if path.suffix == ".npz" and not allow_pickle:
+        raise common.PrepareError(
+            f"{path} is a pickled .npz (numpy reads its object arrays only by unpickling, which can run code): pass "
+            "the .json form of the data (Jsb16thSeparated.json, the same chorales) with --input, or add "
+            "--allow_pickle if you trust this file")
+    if path.suffix not in (".npz", ".json"):
+        raise common.PrepareError(f"{path}: expected a .json (or, with --allow_pickle, a .npz) file")
     try:
-        if path.suffix == ".npz":
-            raw = np.load(path, allow_pickle=True, encoding="latin1")
-            get = lambda k: [np.asarray(p, dtype=np.float64) for p in raw[k]] if k in raw.files else None
-        elif path.suffix == ".json":
-            raw = json.loads(path.read_text(encoding="utf-8"))
-            get = lambda k: [np.asarray(p, dtype=np.float64).reshape(-1, 4) if len(p) else np.zeros((0, 4))
-                             for p in raw[k]] if k in raw else None
-        else:
-            raise common.PrepareError(f"{path}: expected a .npz or .json file")
-    except common.PrepareError:
-        raise
+        raw = _read_npz(path) if path.suffix == ".npz" else _read_json(path)
     except Exception as e:
-        raise common.PrepareError(f"cannot read {path}: {e}") from e
+        raise common.PrepareError(f"cannot read {path}: {type(e).__name__}: {e}") from e
     out = {}
     for split, key in SOURCE_SPLITS.items():
-        pieces = get(key)
+        pieces = raw[key]
         if pieces is None:
             raise common.PrepareError(f"{path} has no '{key}' split")
         if not pieces:
@@ -231,11 +253,20 @@ def save_sample(ids, meta, path_without_ext):
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", help="Jsb16thSeparated.npz or .json, or a folder holding one "
-                                   "(without it: download the .npz from " + URL + ")")
+    p.add_argument("--input", help="Jsb16thSeparated.json, or a folder holding it "
+                                   "(without it: download the .json from " + URL + ")")
+    p.add_argument("--allow_pickle", action="store_true",
+                   help="also read the .npz form (Jsb16thSeparated.npz). DANGEROUS: it stores object arrays, which "
+                        "numpy can only read by unpickling, and unpickling a crafted file runs arbitrary code; "
+                        "use it only for files you trust (the .json holds the same data, with no pickle)")
     p.add_argument("--out_dir", default=str(common.default_out_dir(NAME)), help="output folder (default data/jsb)")
     p.add_argument("--max_len", type=int, default=2048, help="row length in tokens (default 2048)")
     return p
+
+
+def rebuild_command(args):
+    """meta["prepare"]: the command line that rebuilds this dataset (see common.command_line)."""
+    return common.command_line(NAME, build_parser(), args)
 
 
 def main(argv=None):
@@ -243,45 +274,47 @@ def main(argv=None):
     if args.max_len < 5:
         raise common.PrepareError("--max_len must be at least 5 (one start token and one step)")
     out_dir = Path(args.out_dir)
-    if args.input is None:
-        src = common.download(URL, out_dir / "raw" / "Jsb16thSeparated.npz",
-                              hint=f"Download {URL} (or the .json next to it) and pass it with --input FILE.")
-    else:
-        src = args.input
-    pieces, src = load_pieces(src)
+    with common.staged_dataset(out_dir) as stage:
+        if args.input is None:
+            src = common.download(URL, common.dataset_target(out_dir) / common.DOWNLOADS / "Jsb16thSeparated.json",
+                                  hint=f"Download {URL} and pass it with --input FILE.")
+        else:
+            src = args.input
+        pieces, src = load_pieces(src, allow_pickle=args.allow_pickle)
 
-    counts, scored, extra, n_rows, n_split = {}, {}, {}, {}, {}
-    for split, plist in pieces.items():
-        rows, masks = [], []
-        for roll in common.progress(plist, desc=split, unit="chorale"):
-            r, m = rows_for_piece(roll, args.max_len)
-            rows += r
-            masks += m
-            n_split[split] = n_split.get(split, 0) + (len(r) > 1)
-        toks = np.concatenate(rows)
-        mask = np.concatenate(masks)
-        counts[split] = common.write_bin(out_dir / f"{split}.bin", toks, np.uint16)
-        common.write_bin(out_dir / f"{split}_mask.bin", mask, np.uint8)
-        scored[split] = int(mask.sum())
-        n_rows[split] = len(rows)
-        extra[split] = f"{len(plist)} chorales, {len(rows)} rows, {scored[split]:,} scored"
-    meta = {
-        "format": NAME,
-        "vocab_size": len(ITOS),
-        "dtype": "uint16",
-        "itos": ITOS,
-        "row_len": args.max_len,
-        "pad_id": START,
-        "start_id": START,
-        "chorales": {s: len(p) for s, p in pieces.items()},
-        "rows": n_rows,
-        "chorales_split_over_rows": n_split,
-        "tokens": counts,
-        "scored_tokens": scored,
-        "source": URL,
-        "input": Path(src).name,
-    }
-    common.write_meta(out_dir, meta)
+        counts, scored, extra, n_rows, n_split = {}, {}, {}, {}, {}
+        for split, plist in pieces.items():
+            rows, masks = [], []
+            for roll in common.progress(plist, desc=split, unit="chorale"):
+                r, m = rows_for_piece(roll, args.max_len)
+                rows += r
+                masks += m
+                n_split[split] = n_split.get(split, 0) + (len(r) > 1)
+            toks = np.concatenate(rows)
+            mask = np.concatenate(masks)
+            counts[split] = common.write_bin(stage / f"{split}.bin", toks, np.uint16)
+            common.write_bin(stage / f"{split}_mask.bin", mask, np.uint8)
+            scored[split] = int(mask.sum())
+            n_rows[split] = len(rows)
+            extra[split] = f"{len(plist)} chorales, {len(rows)} rows, {scored[split]:,} scored"
+        meta = {
+            "format": NAME,
+            "prepare": rebuild_command(args),
+            "vocab_size": len(ITOS),
+            "dtype": "uint16",
+            "itos": ITOS,
+            "row_len": args.max_len,
+            "pad_id": START,
+            "start_id": START,
+            "chorales": {s: len(p) for s, p in pieces.items()},
+            "rows": n_rows,
+            "chorales_split_over_rows": n_split,
+            "tokens": counts,
+            "scored_tokens": scored,
+            "source": "https://github.com/czhuang/JSB-Chorales-dataset",
+            "input": Path(src).name,
+        }
+        common.write_meta(stage, meta)
     common.report(out_dir, counts, extra)
     return counts
 

@@ -252,6 +252,12 @@ def build_parser():
     return p
 
 
+def rebuild_command(args):
+    """meta["prepare"]: the command line that rebuilds this dataset (see common.command_line;
+    --num_proc does not change the output and is left out)."""
+    return common.command_line(NAME, build_parser(), args)
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if not 0 <= args.transpose <= 12:
@@ -259,71 +265,73 @@ def main(argv=None):
     out_dir = Path(args.out_dir)
     tok = make_tokenizer()  # fails fast, naming miditok, when it is missing
     common.require("symusic", "miditok", "reading MIDI (symusic, installed with miditok)")
-    folder = Path(args.input) if args.input else fetch(out_dir)
-    csv_path = find_csv(folder)
-    rows = read_rows(csv_path)
-    itos = itos_of(tok)
-    transposer = Transposer(itos)
-    offsets = offsets_for(args.transpose)
+    with common.staged_dataset(out_dir) as stage:
+        folder = Path(args.input) if args.input else fetch(common.dataset_target(out_dir))
+        csv_path = find_csv(folder)
+        rows = read_rows(csv_path)
+        itos = itos_of(tok)
+        transposer = Transposer(itos)
+        offsets = offsets_for(args.transpose)
 
-    jobs, missing = [], []
-    for r in rows:
-        path = csv_path.parent / r["midi_filename"]
-        if path.is_file():
-            jobs.append((CSV_SPLITS[r["split"]], r["midi_filename"], path))
-        else:
-            missing.append(r["midi_filename"])
-    if missing:
-        common.log(f"warning: {len(missing)} MIDI files listed in {csv_path.name} are missing, e.g. {missing[0]}")
+        jobs, missing = [], []
+        for r in rows:
+            path = csv_path.parent / r["midi_filename"]
+            if path.is_file():
+                jobs.append((CSV_SPLITS[r["split"]], r["midi_filename"], path))
+            else:
+                missing.append(r["midi_filename"])
+        if missing:
+            common.log(f"warning: {len(missing)} MIDI files listed in {csv_path.name} are missing, e.g. {missing[0]}")
 
-    pieces = {s: 0 for s in common.SPLITS}
-    sequences = {s: 0 for s in common.SPLITS}
-    corrupt, empty, skipped_tr = [], [], 0
-    import multiprocessing as mp
-    with common.split_writers(out_dir, common.SPLITS) as writers:
-        with mp.get_context("spawn").Pool(max(1, args.num_proc), initializer=_init_worker) as pool:
-            results = pool.imap(tokenize_file, [j[2] for j in jobs], chunksize=2)
-            for (split, name, _), (status, res) in zip(jobs, common.progress(results, total=len(jobs), desc="tokenizing", unit="file")):
-                if status == "corrupt":
-                    corrupt.append(name)
-                    common.log(f"skipped corrupt MIDI {name}: {res}")
-                    continue
-                if status == "empty":
-                    empty.append(name)
-                    continue
-                pieces[split] += 1
-                for k in (offsets if split == "train" else [0]):
-                    ids = transposer(res, k)
-                    if ids is None:
-                        skipped_tr += 1
+        pieces = {s: 0 for s in common.SPLITS}
+        sequences = {s: 0 for s in common.SPLITS}
+        corrupt, empty, skipped_tr = [], [], 0
+        import multiprocessing as mp
+        with common.split_writers(stage, common.SPLITS) as writers:
+            with mp.get_context("spawn").Pool(max(1, args.num_proc), initializer=_init_worker) as pool:
+                results = pool.imap(tokenize_file, [j[2] for j in jobs], chunksize=2)
+                for (split, name, _), (status, res) in zip(jobs, common.progress(results, total=len(jobs), desc="tokenizing", unit="file")):
+                    if status == "corrupt":
+                        corrupt.append(name)
+                        common.log(f"skipped corrupt MIDI {name}: {res}")
                         continue
-                    writers[split].write(np.concatenate([[BOS], ids, [EOS]]))
-                    sequences[split] += 1
-        for s in common.SPLITS:
-            if pieces[s] == 0:
-                raise common.PrepareError(f"no readable MIDI file in split '{s}' of {csv_path} "
-                                          f"({len(corrupt)} corrupt, {len(empty)} empty, {len(missing)} missing)")
-    counts = {s: w.count for s, w in writers.items()}
-    meta = {
-        "format": NAME,
-        "vocab_size": len(itos),
-        "dtype": "uint16",
-        "itos": itos,
-        "pad_id": PAD, "bos_id": BOS, "eos_id": EOS,
-        "tokenization": "miditok REMI (see prepare/maestro.py)",
-        "transpose": offsets,
-        "pieces": pieces,
-        "sequences": sequences,
-        "tokens": counts,
-        "skipped_corrupt": len(corrupt),
-        "skipped_corrupt_files": corrupt,
-        "skipped_empty": len(empty),
-        "missing": len(missing),
-        "transpositions_skipped": skipped_tr,
-        "csv": csv_path.name,
-        "source": URL,
-    }
-    common.write_meta(out_dir, meta)
+                    if status == "empty":
+                        empty.append(name)
+                        continue
+                    pieces[split] += 1
+                    for k in (offsets if split == "train" else [0]):
+                        ids = transposer(res, k)
+                        if ids is None:
+                            skipped_tr += 1
+                            continue
+                        writers[split].write(np.concatenate([[BOS], ids, [EOS]]))
+                        sequences[split] += 1
+            for s in common.SPLITS:
+                if pieces[s] == 0:
+                    raise common.PrepareError(f"no readable MIDI file in split '{s}' of {csv_path} "
+                                              f"({len(corrupt)} corrupt, {len(empty)} empty, {len(missing)} missing)")
+        counts = {s: w.count for s, w in writers.items()}
+        meta = {
+            "format": NAME,
+            "prepare": rebuild_command(args),
+            "vocab_size": len(itos),
+            "dtype": "uint16",
+            "itos": itos,
+            "pad_id": PAD, "bos_id": BOS, "eos_id": EOS,
+            "tokenization": "miditok REMI (see prepare/maestro.py)",
+            "transpose": offsets,
+            "pieces": pieces,
+            "sequences": sequences,
+            "tokens": counts,
+            "skipped_corrupt": len(corrupt),
+            "skipped_corrupt_files": corrupt,
+            "skipped_empty": len(empty),
+            "missing": len(missing),
+            "transpositions_skipped": skipped_tr,
+            "csv": csv_path.name,
+            "source": URL,
+        }
+        common.write_meta(stage, meta)
     common.report(out_dir, counts, {s: f"{pieces[s]} pieces, {sequences[s]} sequences" for s in counts})
     if corrupt:
         print(f"  skipped {len(corrupt)} corrupt MIDI file(s)")

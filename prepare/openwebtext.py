@@ -57,16 +57,7 @@ _ENC = None
 
 
 def get_encoding():
-    try:
-        import tiktoken
-    except ImportError as e:
-        raise common.PrepareError("tokenizing needs the Python package 'tiktoken' (pip install tiktoken)") from e
-    try:
-        return tiktoken.get_encoding("gpt2")
-    except Exception as e:  # offline with no cached BPE files
-        raise common.PrepareError(
-            f"tiktoken could not load the gpt2 encoding ({type(e).__name__}: {e}). Offline, point "
-            "TIKTOKEN_CACHE_DIR at a folder that holds tiktoken's gpt2 files (e.g. ../shared/tiktoken_cache)") from e
+    return common.gpt2_encoding()
 
 
 def _init_worker():
@@ -179,9 +170,16 @@ def build_parser():
     return p
 
 
+def rebuild_command(args):
+    """meta["prepare"]: the command line that rebuilds this dataset (see common.command_line;
+    --num_proc does not change the output and is left out)."""
+    return common.command_line(NAME, build_parser(), args)
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     out_dir = Path(args.out_dir)
+    common.check_out_dir(out_dir)  # a user's files in out_dir: refused before reading the input
     get_encoding()  # fail before any work if the BPE files are missing
 
     def local(paths):
@@ -212,38 +210,40 @@ def main(argv=None):
 
     ndoc = {"train": 0, "val": 0}
     import multiprocessing as mp
-    with common.split_writers(out_dir, ("train", "val")) as writers:
-        with mp.get_context("spawn").Pool(max(1, args.num_proc), initializer=_init_worker) as pool, \
-                common.progress(total=n_docs, desc="tokenizing", unit="doc") as bar:
-            i = 0
-            # bounded batches: Pool.imap would read the whole input ahead into memory
-            for batch in iter(lambda: list(itertools.islice(docs, BATCH_DOCS)), []):
-                for ids in pool.imap(_encode, batch, chunksize=16):
-                    if i >= n_docs:
-                        raise common.PrepareError(f"the input changed while reading: more than {n_docs} documents")
-                    split = "val" if is_val[i] else "train"
-                    writers[split].write(ids)
-                    ndoc[split] += 1
-                    i += 1
-                bar.update(len(batch))
-        if sum(ndoc.values()) != n_docs:
-            raise common.PrepareError(f"read {sum(ndoc.values())} documents, expected {n_docs}")
-    counts = {s: w.count for s, w in writers.items()}
-    meta = {
-        "format": NAME,
-        "tokenizer": "gpt2",
-        "vocab_size": 50257,
-        "dtype": "uint16",
-        "eot_id": EOT,
-        "documents": ndoc,
-        "tokens": counts,
-        "source": source,
-    }
-    if val_source is None:
-        meta.update(val_fraction=VAL_FRACTION, seed=SEED)
-    else:
-        meta["val_source"] = val_source
-    common.write_meta(out_dir, meta)
+    with common.staged_dataset(out_dir) as stage:
+        with common.split_writers(stage, ("train", "val")) as writers:
+            with mp.get_context("spawn").Pool(max(1, args.num_proc), initializer=_init_worker) as pool, \
+                    common.progress(total=n_docs, desc="tokenizing", unit="doc") as bar:
+                i = 0
+                # bounded batches: Pool.imap would read the whole input ahead into memory
+                for batch in iter(lambda: list(itertools.islice(docs, BATCH_DOCS)), []):
+                    for ids in pool.imap(_encode, batch, chunksize=16):
+                        if i >= n_docs:
+                            raise common.PrepareError(f"the input changed while reading: more than {n_docs} documents")
+                        split = "val" if is_val[i] else "train"
+                        writers[split].write(ids)
+                        ndoc[split] += 1
+                        i += 1
+                    bar.update(len(batch))
+            if sum(ndoc.values()) != n_docs:
+                raise common.PrepareError(f"read {sum(ndoc.values())} documents, expected {n_docs}")
+        counts = {s: w.count for s, w in writers.items()}
+        meta = {
+            "format": NAME,
+            "prepare": rebuild_command(args),
+            "tokenizer": "gpt2",
+            "vocab_size": 50257,
+            "dtype": "uint16",
+            "eot_id": EOT,
+            "documents": ndoc,
+            "tokens": counts,
+            "source": source,
+        }
+        if val_source is None:
+            meta.update(val_fraction=VAL_FRACTION, seed=SEED)
+        else:
+            meta["val_source"] = val_source
+        common.write_meta(stage, meta)
     common.report(out_dir, counts, {s: f"{ndoc[s]:,} document{'s' * (ndoc[s] != 1)}" for s in counts})
     return counts
 

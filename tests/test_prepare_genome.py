@@ -3,6 +3,7 @@ it written in the test: vocabulary, a reference tokenizer, N handling,
 held-out regions and chromosomes, round trip, idempotency, bad input."""
 import gzip
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -107,14 +108,16 @@ def test_regions_on_slices_match_reference(tmp_path, records):
                                {"name": "3", "length": 10_007, "acgt": 10_006}]
     assert meta["dropped_bases"] == 431 + 3_908 + 1
     assert meta["vocab_size"] == 4107 and meta["format"] == "genome" and meta["itos"] == genome.ITOS
-    # plain FASTA gives the same files; a re-run gives byte-identical files
+    assert meta["tokens"] == counts and common.check_dataset(tmp_path / "o", common.SPLITS) == meta
+    assert meta["prepare"] == f"python prepare/genome.py --input {tmp_path / 's.fa.gz'} --out_dir {tmp_path / 'o'}"
+    # plain FASTA gives the same files; a re-run (the recorded command) gives byte-identical files
     write_fasta(tmp_path / "s.fa", records)
     genome.main(["--input", str(tmp_path / "s.fa"), "--out_dir", str(tmp_path / "plain")])
-    genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "again")])
     for split in common.SPLITS:
         assert (tmp_path / "o" / f"{split}.bin").read_bytes() == (tmp_path / "plain" / f"{split}.bin").read_bytes()
-    for p in (tmp_path / "o").iterdir():
-        assert p.read_bytes() == (tmp_path / "again" / p.name).read_bytes(), p.name
+    before = {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir()}
+    genome.main(shlex.split(meta["prepare"])[2:])
+    assert {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir()} == before
 
 
 def test_held_out_chromosomes_and_decode(tmp_path, records):
@@ -128,7 +131,10 @@ def test_held_out_chromosomes_and_decode(tmp_path, records):
     assert lines == [records[0][1][:19_569].upper()]  # one contig: the bases before the N run
     test = genome.decode(common.read_bin(tmp_path / "o", "test")).splitlines()
     assert test == [records[2][1][:5000], records[2][1][5001:]]
-    assert common.load_meta(tmp_path / "o")["holdout_regions"] == {}
+    meta = common.load_meta(tmp_path / "o")
+    assert meta["holdout_regions"] == {} and meta["tokens"] == counts
+    assert meta["prepare"] == (f"python prepare/genome.py --input {tmp_path / 's.fa.gz'} --val_chroms 2 "
+                               f"--test_chroms chr3 --out_dir {tmp_path / 'o'}")
     with pytest.raises(common.PrepareError, match=r"not found.*\['9'\]"):
         genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "p"), "--val_chroms", "9"])
     assert not (tmp_path / "p" / "meta.json").exists() and not (tmp_path / "p" / "train.bin").exists()
@@ -138,6 +144,8 @@ def test_full_chr20(tmp_path, chr20_path, chr20):
     counts = genome.main(["--input", str(chr20_path), "--out_dir", str(tmp_path)])
     assert counts == {"train": 9_717_526, "val": 105_046, "test": 95_046}
     meta = common.load_meta(tmp_path)
+    assert meta["tokens"] == counts and common.check_dataset(tmp_path, common.SPLITS) == meta
+    assert meta["prepare"] == f"python prepare/genome.py --input {common.repo_path(chr20_path)} --out_dir {tmp_path}"
     assert meta["holdout_regions"] == {"20": {"val": [61_765_010, 62_395_265], "test": [62_395_265, 63_025_520]}}
     assert meta["dropped_bases"] == 3_520_000  # exactly the N bases
     stats = meta["split_stats"]

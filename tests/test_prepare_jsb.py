@@ -1,6 +1,11 @@
 """prepare/jsb.py on the real JSB Chorales (../shared/data/music): counts,
-exact round trip against the JSON, npz == json, idempotency, bad input."""
+exact round trip against the JSON, npz == json, idempotency, bad input, no
+unpickling without --allow_pickle."""
 import json
+import os
+import shlex
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +27,7 @@ def music(shared_data):
 @pytest.fixture(scope="module")
 def prepared(music, tmp_path_factory):
     out = tmp_path_factory.mktemp("jsb")
-    counts = jsb.main(["--input", str(music / "Jsb16thSeparated.npz"), "--out_dir", str(out)])
+    counts = jsb.main(["--input", str(music / "Jsb16thSeparated.json"), "--out_dir", str(out)])
     return out, counts
 
 
@@ -39,7 +44,7 @@ def test_encode_prompt():
         jsb.encode("C4 H2")
 
 
-def test_counts(prepared):
+def test_counts(prepared, music):
     out, counts = prepared
     meta = common.load_meta(out)
     assert meta["format"] == "jsb" and meta["vocab_size"] == 90 and meta["itos"] == jsb.ITOS
@@ -50,6 +55,9 @@ def test_counts(prepared):
     # 4 tokens per 16th-note step: 55,228 / 18,408 / 18,900 steps
     assert meta["scored_tokens"] == {"train": 220_912, "val": 73_632, "test": 75_600}
     assert counts == {"train": 231 * 2048, "val": 79 * 2048, "test": 79 * 2048}
+    assert meta["tokens"] == counts and meta["input"] == "Jsb16thSeparated.json"
+    assert meta["prepare"] == f"python prepare/jsb.py --input {common.repo_path(music / 'Jsb16thSeparated.json')} --out_dir {out}"
+    assert common.check_dataset(out, common.SPLITS) == meta
     for split, n in counts.items():
         toks = np.asarray(common.read_bin(out, split))
         mask = np.asarray(common.read_mask(out, split))
@@ -76,15 +84,85 @@ def test_exact_round_trip_against_json(prepared, music):
     assert list(jsb.encode_piece(first[:1])) == [first[0, v] - 19 for v in range(4)]
 
 
-def test_npz_and_json_give_identical_bins_and_rerun_is_identical(prepared, music, tmp_path):
+def test_npz_and_json_give_identical_bins_and_rerun_is_identical(prepared, music, tmp_path, monkeypatch):
     out, _ = prepared
-    jsb.main(["--input", str(music / "Jsb16thSeparated.json"), "--out_dir", str(tmp_path / "json")])
-    jsb.main(["--input", str(music / "Jsb16thSeparated.npz"), "--out_dir", str(tmp_path / "again")])
+    jsb.main(["--input", str(music / "Jsb16thSeparated.npz"), "--allow_pickle", "--out_dir", str(tmp_path / "npz")])
     for split in common.SPLITS:
         for name in (f"{split}.bin", f"{split}_mask.bin"):
-            assert (out / name).read_bytes() == (tmp_path / "json" / name).read_bytes(), name
-    for p in out.iterdir():
-        assert p.read_bytes() == (tmp_path / "again" / p.name).read_bytes(), p.name
+            assert (out / name).read_bytes() == (tmp_path / "npz" / name).read_bytes(), name
+    meta = common.load_meta(tmp_path / "npz")
+    assert meta["prepare"] == (f"python prepare/jsb.py --input {common.repo_path(music / 'Jsb16thSeparated.npz')} "
+                               f"--allow_pickle --out_dir {tmp_path / 'npz'}")
+    assert {**meta, "prepare": "", "input": ""} == {**common.load_meta(out), "prepare": "", "input": ""}
+    # the recorded command, run from the repo root, rebuilds the same bytes in place
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.chdir(REPO)
+    argv = shlex.split(common.load_meta(out)["prepare"])
+    assert argv[:2] == ["python", "prepare/jsb.py"]
+    jsb.main(argv[2:])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def evil_npz(path, marker):
+    """An .npz laid out like Jsb16thSeparated.npz whose object array, when
+    unpickled, creates the folder marker."""
+    class Payload:
+        def __reduce__(self):
+            return (os.mkdir, (str(marker),))
+    piece = np.full((4, 4), 60.0, dtype=np.float16)
+    arr = np.empty(2, dtype=object)
+    arr[0], arr[1] = piece, Payload()
+    np.savez(path, train=arr, valid=arr, test=arr)
+    return path
+
+
+def test_npz_without_allow_pickle_is_refused_and_never_unpickled(tmp_path, music):
+    evil = evil_npz(tmp_path / "Jsb16thSeparated.npz", tmp_path / "pwned")
+    for argv in (["--input", str(evil)], ["--input", str(tmp_path)]):  # the file, or a folder holding only it
+        with pytest.raises(common.PrepareError) as e:
+            jsb.main(argv + ["--out_dir", str(tmp_path / "o")])
+        msg = str(e.value)
+        assert "\n" not in msg and "--allow_pickle" in msg and ".json" in msg and str(evil) in msg
+        assert not (tmp_path / "pwned").exists()
+    r = subprocess.run([sys.executable, str(REPO / "prepare" / "jsb.py"), "--input", str(evil),
+                        "--out_dir", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and "--allow_pickle" in r.stderr
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "o").exists()
+    # the real .npz is refused the same way
+    with pytest.raises(common.PrepareError, match="--allow_pickle"):
+        jsb.main(["--input", str(music / "Jsb16thSeparated.npz"), "--out_dir", str(tmp_path / "o")])
+    # the payload is real: --allow_pickle (trusted files only) does unpickle it
+    with pytest.raises(common.PrepareError):
+        jsb.main(["--input", str(evil), "--allow_pickle", "--out_dir", str(tmp_path / "o")])
+    assert (tmp_path / "pwned").is_dir()
+
+
+def test_help_says_why_allow_pickle_is_dangerous():
+    r = subprocess.run([sys.executable, str(REPO / "prepare" / "jsb.py"), "--help"], capture_output=True, text=True,
+                       timeout=120)
+    text = " ".join(r.stdout.split())
+    assert "--allow_pickle" in text and "unpickling" in text and "trust" in text
+    assert "python prepare/jsb.py --input ../shared/data/music/Jsb16thSeparated.json" in text
+
+
+def test_without_input_the_json_is_downloaded_into_raw_and_kept(prepared, music, tmp_path, monkeypatch):
+    fetched = []
+
+    def download(url, dest, hint, timeout=15.0):  # offline stand-in for common.download
+        fetched.append(url)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not dest.exists():
+            shutil.copyfile(music / "Jsb16thSeparated.json", dest)
+        return dest
+    monkeypatch.setattr(common, "download", download)
+    out = tmp_path / "jsb"
+    jsb.main(["--out_dir", str(out)])
+    jsb.main(["--out_dir", str(out)])  # the re-run swaps the set in and keeps the download
+    assert fetched == [jsb.URL] * 2 and jsb.URL.endswith("/Jsb16thSeparated.json")
+    assert (out / "raw" / "Jsb16thSeparated.json").read_bytes() == (music / "Jsb16thSeparated.json").read_bytes()
+    assert common.load_meta(out)["prepare"] == f"python prepare/jsb.py --out_dir {out}"
+    for split in common.SPLITS:
+        assert (out / f"{split}.bin").read_bytes() == (prepared[0] / f"{split}.bin").read_bytes()
 
 
 def test_long_chorale_continues_in_next_row(tmp_path):
@@ -122,7 +200,7 @@ def test_bad_input(tmp_path):
     with pytest.raises(common.PrepareError, match="pitch 130 outside 21..108"):
         jsb.main(["--input", str(bad), "--out_dir", str(tmp_path / "o")])
     (tmp_path / "folder").mkdir()
-    with pytest.raises(common.PrepareError, match="no .npz or .json"):
+    with pytest.raises(common.PrepareError, match="no .json or .npz"):
         jsb.main(["--input", str(tmp_path / "folder"), "--out_dir", str(tmp_path / "o")])
     with pytest.raises(common.PrepareError, match="does not exist"):
         jsb.main(["--input", str(tmp_path / "nope.npz"), "--out_dir", str(tmp_path / "o")])

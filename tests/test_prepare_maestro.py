@@ -4,6 +4,7 @@ REMI vocabulary, transposition (checked against transposing the MIDI),
 corrupt and missing files skipped and counted, MIDI round trip,
 idempotency, empty input, and the message when miditok is missing."""
 import csv
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -131,13 +132,21 @@ def test_decode_and_midi_round_trip(prepared, tmp_path, tok):
     assert status == "ok" and ids.tolist() == val[1:-1].tolist()
 
 
-def test_rerun_is_byte_identical(prepared, tmp_path):
-    folder, out, _ = prepared
-    maestro.main(["--input", str(folder), "--out_dir", str(tmp_path), "--num_proc", "1"])
-    names = sorted(p.name for p in out.iterdir())
-    assert names == ["meta.json", "test.bin", "train.bin", "val.bin"]
-    for n in names:
-        assert (out / n).read_bytes() == (tmp_path / n).read_bytes(), n
+def test_rerun_is_byte_identical(prepared, monkeypatch):
+    # the recorded command (without --num_proc, which does not change the output), run from the repo root
+    folder, out, counts = prepared
+    meta = common.load_meta(out)
+    assert meta["prepare"] == f"python prepare/maestro.py --input {folder} --out_dir {out}"
+    assert meta["tokens"] == counts and common.check_dataset(out, common.SPLITS) == meta
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(before) == ["meta.json", "test.bin", "train.bin", "val.bin"]
+    monkeypatch.chdir(REPO)
+    argv = shlex.split(meta["prepare"])
+    assert argv[:2] == ["python", "prepare/maestro.py"]
+    maestro.main(argv[2:] + ["--num_proc", "1"])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    argv = maestro.build_parser().parse_args(["--input", str(folder), "--transpose", "2", "--num_proc", "4"])
+    assert maestro.rebuild_command(argv) == f"python prepare/maestro.py --input {folder} --transpose 2"
 
 
 def test_empty_and_unreadable_input(src, tok, tmp_path):

@@ -44,13 +44,16 @@ def test_split_rule():
         owt.val_documents(1)
 
 
-def test_owt_sample_counts_and_exact_decode(prepared, docs):
+def test_owt_sample_counts_and_exact_decode(prepared, docs, text_dir):
     out, counts = prepared
     assert len(docs) == 1000
     assert counts == {"train": 1_053_684, "val": 1_315}
     meta = common.load_meta(out)
     assert meta["tokenizer"] == "gpt2" and meta["vocab_size"] == 50257 and meta["dtype"] == "uint16"
     assert meta["documents"] == {"train": 999, "val": 1} and meta["format"] == "openwebtext"
+    assert meta["tokens"] == counts
+    assert meta["prepare"] == f"python prepare/openwebtext.py --input {common.repo_path(text_dir / 'owt_sample.jsonl')} --out_dir {out}"
+    assert common.check_dataset(out) == meta
     assert not (out / "test.bin").exists() and not (out / "train_mask.bin").exists()
     enc = owt.get_encoding()
     val_doc = int(np.random.default_rng(2357).permutation(1000)[0])
@@ -70,16 +73,20 @@ def test_owt_sample_counts_and_exact_decode(prepared, docs):
 
 
 def test_workers_batches_and_reruns_give_identical_files(prepared, text_dir, docs, tmp_path, monkeypatch):
-    # a 300-document slice: 1 worker in one batch, then 2 workers in batches of 7 documents
+    # a 300-document slice: 1 worker in one batch, then a re-run with 2 workers in batches of 7 documents
     sl = tmp_path / "slice.jsonl"
     sl.write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs[:300]), encoding="utf-8")
     owt.main(["--input", str(sl), "--out_dir", str(tmp_path / "a"), "--num_proc", "1"])
-    monkeypatch.setattr(owt, "BATCH_DOCS", 7)
-    owt.main(["--input", str(sl), "--out_dir", str(tmp_path / "b"), "--num_proc", "2"])
+    first = {p.name: p.read_bytes() for p in (tmp_path / "a").iterdir()}
     meta = common.load_meta(tmp_path / "a")
     assert meta["documents"] == {"train": 299, "val": 1}
-    for name in ("train.bin", "val.bin", "meta.json"):
-        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    # --num_proc does not change the output, so the recorded command leaves it out
+    assert meta["prepare"] == f"python prepare/openwebtext.py --input {sl} --out_dir {tmp_path / 'a'}"
+    monkeypatch.setattr(owt, "BATCH_DOCS", 7)
+    owt.main(["--input", str(sl), "--out_dir", str(tmp_path / "a"), "--num_proc", "2"])
+    assert sorted(first) == ["meta.json", "train.bin", "val.bin"]
+    for name in first:
+        assert (tmp_path / "a" / name).read_bytes() == first[name], name
 
 
 def test_txt_input(text_dir, tmp_path):
@@ -100,6 +107,7 @@ def test_txt_input(text_dir, tmp_path):
     owt.main(["--input", str(d), "--out_dir", str(tmp_path / "j"), "--txt_doc_sep", "", "--num_proc", "1"])
     meta = common.load_meta(tmp_path / "j")
     assert meta["source"] == ["a.txt", "c.jsonl", "sub/b.txt"]
+    assert meta["prepare"] == f"python prepare/openwebtext.py --input {d} --txt_doc_sep '' --out_dir {tmp_path / 'j'}"
     assert meta["documents"] == {"train": 2, "val": 1}
     ids = np.concatenate([common.read_bin(tmp_path / "j", s) for s in ("train", "val")])
     assert sorted(owt.decode(ids).split("<|endoftext|>")[:-1]) == sorted([text[:5000], text[9000:9500], text[5000:9000]])
@@ -114,6 +122,10 @@ def test_several_inputs_and_held_out_val(text_dir, tmp_path):
     assert meta["documents"] == {"train": 59 + 6, "val": 65}
     assert meta["source"] == ["inaugural.txt", "webtext.txt"] and meta["val_source"] == ["state_union.txt"]
     assert "val_fraction" not in meta
+    rp = lambda name: common.repo_path(eng / name)  # noqa: E731
+    assert meta["prepare"] == (f"python prepare/openwebtext.py --input {rp('inaugural.txt')} {rp('webtext.txt')} "
+                               f"--val_input {rp('state_union.txt')} --out_dir {out}")
+    assert meta["tokens"] == {"train": len(common.read_bin(out, "train")), "val": len(common.read_bin(out, "val"))}
 
     def docs(name):
         return (eng / name).read_text(encoding="utf-8").rstrip("\n").split("\n\n\n")

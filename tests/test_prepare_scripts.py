@@ -26,7 +26,7 @@ def test_every_script_runs_with_help():
 
 def test_import_is_light_and_modules_have_decode():
     code = ("import sys, prepare.openwebtext, prepare.indirect_indexing, prepare.jsb, prepare.maestro, prepare.genome\n"
-            "heavy = [m for m in ('tiktoken', 'miditok', 'symusic', 'datasets', 'torch', 'tqdm') if m in sys.modules]\n"
+            "heavy = [m for m in ('tiktoken', 'miditok', 'symusic', 'datasets', 'torch') if m in sys.modules]\n"
             "print(heavy)\n"
             "for n in ('openwebtext', 'indirect_indexing', 'jsb', 'maestro', 'genome'):\n"
             "    m = sys.modules['prepare.' + n]\n"
@@ -37,15 +37,19 @@ def test_import_is_light_and_modules_have_decode():
     assert r.stdout.strip() == "[]"
 
 
-def test_fallback_progress_printer(monkeypatch, capsys):
-    monkeypatch.setenv("POPE_NO_TQDM", "1")
+def test_progress_is_tqdm_with_no_fallback(monkeypatch, capsys):
+    from tqdm import tqdm
+    monkeypatch.setenv("POPE_NO_TQDM", "1")  # the old switch to a fallback printer is gone
+    assert not hasattr(common, "_Printer")
     bar = common.progress(range(5), desc="items", unit="it")
-    assert isinstance(bar, common._Printer)
+    assert isinstance(bar, tqdm)
     assert list(bar) == [0, 1, 2, 3, 4]
-    assert capsys.readouterr().err.strip().startswith("items: 5/5 it (100%)")
+    assert "items: 100%" in capsys.readouterr().err
     with common.progress(total=None, desc="bytes", unit="B") as b:
+        assert isinstance(b, tqdm)
         b.update(1234)
-    assert capsys.readouterr().err.strip().startswith("bytes: 1,234 B")
+    assert b.n == 1234 and "bytes: 1.23kB" in capsys.readouterr().err
+    assert "POPE_NO_TQDM" not in (REPO / "prepare" / "common.py").read_text()
 
 
 def test_bin_writer_is_atomic_and_checks_range(tmp_path):
