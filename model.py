@@ -1,13 +1,8 @@
 """
 A GPT language model with a switch between PoPE, RoPE and no positional
-embedding (NoPE), in the style of nanoGPT.
-
-PoPE (Gopalakrishnan et al., arXiv 2509.10534) decouples "what" and "where":
-per head of dim D, the magnitude of each of the D components is softplus of the
-content projection, and the phase depends only on position (t*theta_c for the
-query at t, s*theta_c + delta_c for the key at s, theta_c = base^(-c/D)). The
-score is sum_c mu_q mu_k cos((s-t)*theta_c + delta_c) / sqrt(D). The attention
-itself lives in pope_kernel.py.
+embedding (NoPE), in the style of nanoGPT. PoPE's math is in this file, in
+plain PyTorch, top to bottom as the paper writes it (section "PoPE" below);
+pope_kernel.py holds a fused Triton kernel that computes the same attention.
 
 Usage (as a library):
     from model import GPT, GPTConfig
@@ -19,14 +14,20 @@ Usage (as a library):
 import inspect
 import math
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import pope_kernel
-from pope_kernel import pope_attention, pope_attention_reference, sdpa_with_offset
+try:  # the fused kernel needs Triton; without it the PyTorch path below runs everywhere
+    import pope_kernel
+    KERNEL_IMPORT_ERROR = None
+except ImportError as e:
+    pope_kernel, KERNEL_IMPORT_ERROR = None, e
+
+TWO_PI = 2.0 * math.pi
 
 
 @dataclass
@@ -42,7 +43,7 @@ class GPTConfig:
     pope_base: float = 10000.0
     rope_base: float = 10000.0
     pope_delta_init: str = "zero"  # "zero" (language) | "uniform": U(-2pi, 0)
-    attn_impl: str = "auto"  # "auto" | "torch" | "triton" (PoPE only)
+    attn_impl: str = "auto"  # PoPE only: "auto" (the kernel on CUDA) | "torch" (the code below) | "triton"
     # YaRN for RoPE (arXiv 2309.00071): scale s > 1 stretches the context by s
     # relative to rope_scaling_orig_len (0 means block_size). 1.0 is plain RoPE.
     rope_scaling: float = 1.0
@@ -55,7 +56,7 @@ class GPTConfig:
         need(self.pos_emb in ("pope", "rope", "none"), f"pos_emb must be 'pope', 'rope' or 'none', got {self.pos_emb!r}")
         need(self.attn_impl in ("auto", "torch", "triton"), f"attn_impl must be 'auto', 'torch' or 'triton', got {self.attn_impl!r}")
         need(self.pope_delta_init in ("zero", "uniform"), f"pope_delta_init must be 'zero' or 'uniform', got {self.pope_delta_init!r}")
-        need(self.n_embd % self.n_head == 0, f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        need(self.n_head >= 1 and self.n_embd % self.n_head == 0, f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         need(self.pos_emb != "rope" or (self.n_embd // self.n_head) % 2 == 0, "RoPE needs an even head dim")
         need(self.rope_scaling >= 1.0, f"rope_scaling must be >= 1 (1 = off), got {self.rope_scaling}")
         need(self.rope_scaling == 1.0 or self.pos_emb == "rope",
@@ -63,29 +64,112 @@ class GPTConfig:
 
 
 # -----------------------------------------------------------------------------
-# RoPE (with optional YaRN)
+# PoPE (Gopalakrishnan et al., arXiv 2509.10534). Per head of dim D, on the raw
+# q/k projections:
+#     mu_q = softplus(q), mu_k = softplus(k)                     "what": content only
+#     theta_c = base^(-c/D), c = 0..D-1                          D frequencies (RoPE: D/2)
+#     phi_q(t) = t*theta_c,  phi_k(s) = s*theta_c + delta_c      "where": position only
+#     a_ts = (1/sqrt(D)) sum_c mu_q[t,c] mu_k[s,c] cos((s-t)*theta_c + delta_c)
+# delta is a learned (H, D) phase bias per layer, kept in [-2pi, 0]. The score
+# is the real dot product of the 2D-long vectors [mu cos(phi), mu sin(phi)], so
+# the PyTorch path builds those and calls SDPA. Values, softmax and the causal
+# mask are unchanged.
+#
+# The fused kernel (pope_kernel.py) computes the same thing from the same
+# inputs: its @triton.jit helpers _softplus (magnitudes), _cos_sin and
+# _cartesian_tile (phases and the Cartesian vectors) and _cartesian_grad (their
+# backward) are its copy of pope_frequencies/pope_cartesian below, and it takes
+# delta already bounded by pope_delta. To try a variant: edit this section, run
+# with --attn_impl=torch (the PyTorch path, on any device), and only then port
+# the change to those helpers; tests/test_kernel.py fails while the two differ.
 
-def yarn_inv_freq(head_dim, base, scale, orig_len, alpha=1.0, beta=32.0):
-    """RoPE inverse frequencies under YaRN, and the attention temperature factor.
+def pope_frequencies(D, base=10000.0, device=None, dtype=torch.float32):
+    """theta_c = base^(-c/D) for c = 0..D-1, rounded once from float64."""
+    return (base ** (-torch.arange(D, device=device, dtype=torch.float64) / D)).to(dtype)
 
-    Dimension pair i has theta_i = base^(-2i/D) and r_i = orig_len * theta_i / 2pi
-    rotations over the original context. The ramp gamma(r) = clip((r - alpha) /
-    (beta - alpha), 0, 1) keeps high frequencies (gamma = 1) and interpolates low
-    ones (gamma = 0: theta/s). Logits are multiplied by mscale^2 where
-    mscale = sqrt(1/t) = 0.1 ln(s) + 1. At s = 1 this is plain RoPE."""
+
+def pope_delta(delta):
+    """The phase bias the attention uses: the parameter clamped to [-2pi, 0]."""
+    return torch.clamp(delta, -TWO_PI, 0.0)
+
+
+def pope_cartesian(x, positions, delta=None, base=10000.0, is_mu=False):
+    """[mu cos(phi), mu sin(phi)], shape (B, H, T, 2D), computed in float32 (float64
+    for float64 input). x: (B, H, T, D) raw projection, or mu itself with is_mu;
+    positions: (T,); delta: (H, D) for keys, None for queries."""
+    D = x.size(-1)
+    cdtype = torch.promote_types(x.dtype, torch.float32)
+    theta = pope_frequencies(D, base, x.device, cdtype)
+    phase = positions.to(cdtype)[:, None] * theta[None, :]  # (T, D)
+    if delta is not None:
+        phase = phase + delta.to(cdtype)[:, None, :]  # (H, T, D)
+    mu = x.to(cdtype) if is_mu else F.softplus(x.to(cdtype))
+    return torch.cat([mu * torch.cos(phase), mu * torch.sin(phase)], dim=-1)
+
+
+def pope_attention_torch(q, k, v, delta, *, causal=True, sm_scale=None, base=10000.0, q_offset=0, k_is_mu=False):
+    """PoPE attention in plain PyTorch: Cartesian 2D-long q and k, then SDPA.
+
+    q: (B, H, Tq, D); k, v: (B, H, Tk, D); delta: (H, D), used as given (bound it
+    with pope_delta first). Query row i sits at position q_offset + i, key row j
+    at j. k_is_mu says k already holds mu_k (the KV cache stores it). Never builds
+    a (Tq, Tk, D) tensor; the 2D vectors are cast to v's dtype so that SDPA runs
+    its fused kernels under bf16."""
+    D = q.size(-1)
+    qpos = torch.arange(q_offset, q_offset + q.size(2), device=q.device)
+    kpos = torch.arange(k.size(2), device=q.device)
+    qc = pope_cartesian(q, qpos, None, base).to(v.dtype)
+    kc = pope_cartesian(k, kpos, delta, base, is_mu=k_is_mu).to(v.dtype)
+    scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    return sdpa_with_offset(qc, kc, v, causal=causal, scale=scale, q_offset=q_offset)
+
+
+def sdpa_with_offset(q, k, v, *, causal=True, scale=None, q_offset=0):
+    """scaled_dot_product_attention where query row i sits at position q_offset+i.
+
+    SDPA's own is_causal aligns the mask top-left, which is wrong once Tq != Tk,
+    so any offset case gets an explicit boolean mask."""
+    Tq, Tk = q.size(-2), k.size(-2)
+    if not causal or q_offset >= Tk - 1 and Tq == 1:  # decoding sees every key
+        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+    if q_offset == 0 and Tq == Tk:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    mask = torch.arange(Tk, device=q.device)[None, :] <= torch.arange(Tq, device=q.device)[:, None] + q_offset
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+# -----------------------------------------------------------------------------
+# RoPE, with YaRN (Peng et al., arXiv 2309.00071) for longer contexts
+
+def yarn_inv_freq(head_dim, base, scale, orig_len, beta_fast=32.0, beta_slow=1.0):
+    """RoPE inverse frequencies under YaRN, and the logit factor mscale^2.
+
+    Pair i has theta_i = base^(-2i/D). YaRN's published form (its reference code and
+    Hugging Face transformers'): the pair index where theta_i makes b rotations
+    over the original context is d(b) = D ln(L0 / (2 pi b)) / (2 ln base); with
+    low = max(floor(d(beta_fast)), 0) and high = min(ceil(d(beta_slow)), D - 1),
+    the ramp gamma_i = clip((i - low) / (high - low), 0, 1) over the pair index
+    gives theta_i' = (1 - gamma_i) theta_i + gamma_i theta_i / s: fast pairs are
+    kept, slow ones interpolated. Logits are multiplied by mscale^2 with mscale =
+    0.1 ln(s) + 1 (YaRN's sqrt(1/t)). At s = 1 this is plain RoPE."""
     theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     if scale <= 1.0:
         return theta.float(), 1.0
-    r = orig_len * theta / (2 * math.pi)
-    gamma = ((r - alpha) / (beta - alpha)).clamp(0.0, 1.0)
-    theta = (1 - gamma) * theta / scale + gamma * theta
+
+    def pair_index(rotations):
+        return head_dim * math.log(orig_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(pair_index(beta_fast)), 0)
+    high = min(math.ceil(pair_index(beta_slow)), head_dim - 1)
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0.0, 1.0)
+    theta = (1 - ramp) * theta + ramp * theta / scale
     return theta.float(), 0.1 * math.log(scale) + 1.0
 
 
 def apply_rope(x, inv_freq, pos0=0):
-    """Rotate (B, H, T, D) by positions pos0..pos0+T-1; pairs are (x[:D/2], x[D/2:])."""
-    T = x.size(-2)
-    pos = torch.arange(pos0, pos0 + T, device=x.device, dtype=torch.float32)
+    """Rotate (B, H, T, D) by positions pos0..pos0+T-1 (pos0 an int or a 0-dim
+    tensor); pairs are (x[:D/2], x[D/2:])."""
+    pos = torch.arange(x.size(-2), device=x.device, dtype=torch.float32) + pos0
     ang = pos[:, None] * inv_freq.to(x.device)[None, :]  # (T, D/2)
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
@@ -96,21 +180,54 @@ def apply_rope(x, inv_freq, pos0=0):
 # the model
 
 class KVCache:
-    """Per-layer key/value cache for generate(). For PoPE the keys are stored as
-    magnitudes mu_k = softplus(k): D numbers per position, as many bytes as a
-    RoPE cache; phases are recomputed from absolute positions. For RoPE the
-    keys are stored rotated."""
+    """Per-layer key/value cache for generate(), in the dtype the attention
+    computes in. For PoPE the keys are stored as magnitudes mu_k = softplus(k):
+    D numbers per position, as many bytes as a RoPE cache; their phases follow
+    from the absolute positions. For RoPE the keys are stored rotated.
 
-    def __init__(self, n_layer, B, H, T_max, D, device, dtype):
-        self.k = [torch.empty(B, H, T_max, D, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.v = [torch.empty(B, H, T_max, D, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.pos = 0  # number of positions filled (all layers)
+    pos counts the positions filled. With static=True, one-token steps instead
+    write at the position held by the 0-dim tensor pos_t and attend over the
+    whole cache with a mask: every step has the same shapes and addresses, so a
+    step can be compiled and replayed as a CUDA graph."""
+
+    def __init__(self, n_layer, B, H, T_max, D, device, dtype, static=False):
+        self.k = [torch.zeros(B, H, T_max, D, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.v = [torch.zeros(B, H, T_max, D, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.pos = 0
+        self.static = static
+        self.pos_t = torch.zeros((), dtype=torch.long, device=device)
+        for t in self.k + self.v + [self.pos_t]:
+            torch._dynamo.mark_static_address(t)  # CUDA graphs may update them in place
+
+    def update_static(self, layer, k, v):
+        """Write one position at pos_t; return the whole cache."""
+        self.k[layer].index_copy_(2, self.pos_t.view(1), k)
+        self.v[layer].index_copy_(2, self.pos_t.view(1), v)
+        return self.k[layer], self.v[layer]
 
     def update(self, layer, k, v):
         T = k.size(2)
         self.k[layer][:, :, self.pos:self.pos + T] = k
         self.v[layer][:, :, self.pos:self.pos + T] = v
         return self.k[layer][:, :, :self.pos + T], self.v[layer][:, :, :self.pos + T]
+
+
+def kernel_unsupported_reason(q, k, v, delta):
+    if pope_kernel is None:
+        return f"Triton is not importable: {KERNEL_IMPORT_ERROR}"
+    return pope_kernel.kernel_unsupported_reason(q, k, v, delta)
+
+
+def use_pope_kernel(attn_impl, q, k, v, delta):
+    """(True, None) to run the fused kernel, or (False, why not)."""
+    if attn_impl == "torch":
+        return False, "attn_impl='torch'"
+    reason = kernel_unsupported_reason(q, k, v, delta)
+    if attn_impl == "triton" and pope_kernel is None:
+        raise RuntimeError(f"attn_impl='triton' needs the PoPE kernel, but {reason}")
+    if attn_impl == "triton" or (reason is None and q.is_cuda):
+        return True, None  # attn_impl='triton' with unsupported input: pope_attention raises why
+    return False, reason or "not a CUDA tensor"
 
 
 class CausalSelfAttention(nn.Module):
@@ -127,8 +244,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.scale = 1.0 / math.sqrt(self.head_dim)
-        if self.pos_emb == "pope":
-            # the learnable phase bias delta of the keys; clamped in pope_attention
+        if self.pos_emb == "pope":  # the keys' learned phase bias (initialised in GPT.__init__)
             self.delta = nn.Parameter(torch.zeros(config.n_head, self.head_dim))
         if self.pos_emb == "rope":
             self.set_rope_scaling(config.rope_base, config.rope_scaling,
@@ -140,35 +256,39 @@ class CausalSelfAttention(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.scale = mscale ** 2 / math.sqrt(self.head_dim)
 
-    def _pope(self, q, k, v, q_offset, k_is_mu):
-        impl = self.attn_impl
-        if impl == "auto":
-            use_kernel = q.is_cuda
-            if use_kernel:
-                reason = pope_kernel.kernel_unsupported_reason(q, k, v, self.delta)
-                if reason is not None:
-                    use_kernel = False
-                    if not self._warned:
-                        warnings.warn(f"PoPE Triton kernel not used ({reason}); falling back to the PyTorch reference")
-                        self._warned = True
-            impl = "triton" if use_kernel else "torch"
-        fn = pope_attention if impl == "triton" else pope_attention_reference
-        return fn(q, k, v, self.delta, causal=True, base=self.pope_base, q_offset=q_offset, k_is_mu=k_is_mu)
+    def pope(self, q, k, v, q_offset, k_is_mu):
+        delta = pope_delta(self.delta)
+        kernel, why = use_pope_kernel(self.attn_impl, q, k, v, delta)
+        if not kernel and q.is_cuda and self.attn_impl == "auto" and not self._warned:
+            warnings.warn(f"PoPE Triton kernel not used ({why}); running the PyTorch path of model.py")
+            self._warned = True
+        fn = pope_kernel.pope_attention if kernel else pope_attention_torch
+        return fn(q, k, v, delta, causal=True, base=self.pope_base, q_offset=q_offset, k_is_mu=k_is_mu)
 
     def forward(self, x, cache=None):
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        pos0 = 0 if cache is None else cache.pos
+        static = cache is not None and cache.static
+        pos0 = 0 if cache is None else cache.pos_t if static else cache.pos
         if self.pos_emb == "rope":
             q, k = apply_rope(q, self.inv_freq, pos0), apply_rope(k, self.inv_freq, pos0)
         k_is_mu = False
         if cache is not None:
             if self.pos_emb == "pope":
                 k, k_is_mu = F.softplus(k.float()).to(k.dtype), True
-            k, v = cache.update(self.layer_idx, k, v)
-        if self.pos_emb == "pope":
-            y = self._pope(q, k, v, pos0, k_is_mu)
+            k, v = cache.update_static(self.layer_idx, k, v) if static else cache.update(self.layer_idx, k, v)
+        if static:  # one query at pos_t against the whole cache: keys past it masked out
+            visible = (torch.arange(k.size(2), device=k.device) <= pos0)[None, :]
+            if self.pos_emb == "pope":
+                qc = pope_cartesian(q, pos0.view(1), None, self.pope_base).to(v.dtype)
+                kc = pope_cartesian(k, torch.arange(k.size(2), device=k.device), pope_delta(self.delta),
+                                    self.pope_base, is_mu=True).to(v.dtype)
+                y = F.scaled_dot_product_attention(qc, kc, v, attn_mask=visible, scale=self.scale)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=self.scale)
+        elif self.pos_emb == "pope":
+            y = self.pope(q, k, v, pos0, k_is_mu)
         else:
             y = sdpa_with_offset(q, k, v, causal=True, scale=self.scale, q_offset=pos0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
@@ -219,7 +339,7 @@ class GPT(nn.Module):
             if pn.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
             if pn.endswith("attn.delta") and config.pope_delta_init == "uniform":
-                torch.nn.init.uniform_(p, -2 * math.pi, 0.0)
+                torch.nn.init.uniform_(p, -TWO_PI, 0.0)
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -231,17 +351,38 @@ class GPT(nn.Module):
         """Parameter count (the tied embedding counted once; there is no position table)."""
         return sum(p.numel() for p in self.parameters())
 
+    def attention_path(self, device=None):
+        """One line for logs: which attention code runs on `device` (default: where
+        the weights are), and why."""
+        cfg = self.config
+        device = torch.device(device or self.lm_head.weight.device)
+        if cfg.pos_emb != "pope":
+            return f"{cfg.pos_emb}: PyTorch SDPA (model.py)"
+        if cfg.attn_impl == "torch":
+            return "pope: the PyTorch path of model.py (attn_impl='torch')"
+        D = cfg.n_embd // cfg.n_head
+        probe = torch.zeros(1, cfg.n_head, 1, D, device=device)
+        why = kernel_unsupported_reason(probe, probe, probe, probe[0, :, 0])
+        if cfg.attn_impl == "triton":
+            return "pope: the fused Triton kernel of pope_kernel.py (attn_impl='triton')" + (
+                f"; it will refuse this input: {why}" if why else "")
+        if device.type != "cuda":
+            return f"pope: the PyTorch path of model.py (attn_impl='auto' on {device.type}; the kernel runs on CUDA)"
+        if why is None:
+            return ("pope: the fused Triton kernel of pope_kernel.py (attn_impl='auto' on CUDA; "
+                    "--attn_impl=torch runs model.py's PyTorch path)")
+        return f"pope: the PyTorch path of model.py (attn_impl='auto'; the kernel does not take this model: {why})"
+
     def forward(self, idx, targets=None, loss_mask=None, cache=None):
         """idx (B, T) token ids. With targets (B, T) returns all logits and the mean
         cross-entropy over the positions where loss_mask (B, T) is nonzero (all
         positions without a mask). Without targets, returns the last position's
         logits only (inference)."""
-        B, T = idx.size()
         x = self.transformer.drop(self.transformer.wte(idx))
         for block in self.transformer.h:
             x = block(x, cache)
-        if cache is not None:
-            cache.pos += T
+        if cache is not None and not cache.static:  # (a static step's position is advanced by its caller)
+            cache.pos += idx.size(1)
         x = self.transformer.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None
@@ -295,42 +436,80 @@ class GPT(nn.Module):
         return self.flops_per_token(T) * T * fwdbwd_per_iter / dt / peak_flops
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, vocab_size=None, compile=False):
         """Sample max_new_tokens continuations of idx (B, T) with a KV cache.
 
-        Past block_size the context is cropped to the last block_size tokens,
-        exactly as recomputing from scratch would see it: positions restart at 0,
-        so the cache is rebuilt from the cropped context at every such step
-        (slower, but identical to the uncached model). top_k=1 is greedy."""
+        Only ids below vocab_size (the dataset's, default the model's) are ever
+        drawn: the padding rows of a padded vocabulary are never sampled.
+        temperature 0 or top_k=1 is greedy. Past block_size the context is
+        cropped to the last block_size tokens, exactly as recomputing from
+        scratch would see it: positions restart at 0, so the cache is rebuilt
+        from the cropped context at every such step (slower, but identical to
+        the uncached model). The cache holds the dtype the attention computes
+        in (bf16 under bf16 autocast). compile=True (CUDA) runs each one-token
+        step on a static cache, compiled and replayed as a CUDA graph (the
+        gpt-fast recipe); the prompt is still processed eagerly."""
         cfg = self.config
-        B = idx.size(0)
-        D = cfg.n_embd // cfg.n_head
-        p = self.lm_head.weight
+        B, D = idx.size(0), cfg.n_embd // cfg.n_head
+        device = self.lm_head.weight.device
+        if compile and device.type != "cuda":
+            raise ValueError("generate(compile=True) replays CUDA graphs and needs the model on a CUDA device")
+        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) \
+            else self.lm_head.weight.dtype
+        step = self._compiled_step() if compile else self
         cache = None
-        for _ in range(max_new_tokens):
-            if cache is None or cache.pos + 1 > cfg.block_size:
-                ctx = idx[:, -cfg.block_size:]
-                cache = KVCache(cfg.n_layer, B, cfg.n_head, cfg.block_size, D, p.device, p.dtype)
-                logits, _ = self(ctx, cache=cache)
-            else:
-                logits, _ = self(idx[:, -1:], cache=cache)
-            logits = logits[:, -1, :] / max(temperature, 1e-8)
-            if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
-            if top_k == 1 or temperature == 0:
-                idx_next = logits.argmax(dim=-1, keepdim=True)
-            else:
-                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-            idx = torch.cat((idx, idx_next), dim=1)
+        with decode_sdpa_backends(device):
+            for _ in range(max_new_tokens):
+                if cache is None or cache.pos + 1 > cfg.block_size:
+                    cache = KVCache(cfg.n_layer, B, cfg.n_head, cfg.block_size, D, device, dtype)
+                    logits, _ = self(idx[:, -cfg.block_size:], cache=cache)
+                elif compile:
+                    cache.static = True
+                    cache.pos_t.fill_(cache.pos)
+                    logits, _ = step(idx[:, -1:], cache=cache)
+                    cache.static, cache.pos = False, cache.pos + 1
+                else:
+                    logits, _ = self(idx[:, -1:], cache=cache)
+                idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature, top_k, vocab_size)), dim=1)
         return idx
+
+    def _compiled_step(self):
+        if getattr(self, "_step", None) is None:
+            self._step = torch.compile(self, mode="reduce-overhead", fullgraph=True, dynamic=False)
+        return self._step
+
+
+def decode_sdpa_backends(device):
+    """SDPA without its cuDNN backend while decoding on CUDA: cuDNN builds a plan
+    for every new key length, which made each decoding step a new shape costing
+    tens of ms (about 20 instead of 110+ tokens/s, 124M on an H200)."""
+    if device.type != "cuda":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+def sample_next(logits, temperature=1.0, top_k=None, vocab_size=None):
+    """One token id per row of logits (B, V): ids >= vocab_size never; greedy
+    when temperature is 0 or top_k is 1."""
+    logits = logits.float()
+    if vocab_size is not None and vocab_size < logits.size(-1):
+        logits[:, vocab_size:] = -float("inf")
+    if temperature == 0 or top_k == 1:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits[logits < v[:, [-1]]] = -float("inf")
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 
 
 def load_checkpoint(path, device="cpu", **overrides):
     """Load a train.py checkpoint: returns (model in eval mode, checkpoint dict).
-    overrides replace GPTConfig fields (e.g. attn_impl="torch")."""
+    overrides replace GPTConfig fields (e.g. attn_impl="torch"). The file is read
+    with weights_only=True: tensors and plain types, never code."""
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=False)
+        ckpt = torch.load(path, map_location=device, weights_only=True)
     except FileNotFoundError:
         raise FileNotFoundError(f"checkpoint {path} not found; train one with train.py (it writes out_dir/ckpt.pt)") from None
     model_args = dict(ckpt["model_args"])

@@ -1,59 +1,49 @@
 """
-PoPE attention: the public API, a plain PyTorch reference, and a fused Triton
-flash-attention kernel (forward and backward) behind the same API.
+PoPE attention as one fused Triton flash-attention kernel, forward and backward.
 
-PoPE (Gopalakrishnan et al., arXiv 2509.10534) per head of dim D, on the raw
-q/k projections:
-    mu_q = softplus(q), mu_k = softplus(k)                     (content only)
-    theta_c = base^(-c/D), c = 0..D-1                          (D frequencies)
-    phase_q(t) = t*theta_c,  phase_k(s) = s*theta_c + delta_c  (position only)
-    a_ts = sm_scale * sum_c mu_q[t,c] mu_k[s,c] cos((s-t) theta_c + delta_c)
-delta has shape (H, D) and is clamped to [-2pi, 0] here. The score is the real
-dot product of the 2D-long Cartesian vectors [mu cos(phase), mu sin(phase)].
+It computes exactly what model.py's PyTorch path computes (the PoPE paper's
+score, arXiv 2509.10534), per head of dim D:
+    a_ts = sm_scale * sum_c softplus(q)[t,c] softplus(k)[s,c] cos((s-t) theta_c + delta_c),
+    theta_c = base^(-c/D),
+i.e. a dot product of the 2D-long Cartesian vectors [mu cos(phase), mu sin(phase)].
+Its copy of that math is the few @triton.jit helpers _softplus, _cos_sin,
+_cartesian_tile and _cartesian_grad below; a PoPE variant changes those and
+model.py together (tests/test_kernel.py compares the two).
 
-API (q: (B,H,Tq,D), k and v: (B,H,Tk,D)):
+API (q: (B,H,Tq,D), k and v: (B,H,Tk,D), delta: (H,D), used as given):
     pope_attention(q, k, v, delta, *, causal=True, sm_scale=None,
                    base=10000.0, q_offset=0, k_is_mu=False)
-    pope_attention_reference(...same...)
+    kernel_unsupported_reason(q, k, v, delta) -> None or why not
 Query row i sits at position q_offset+i, key row j at position j; with causal,
-key j is visible to query i iff j <= q_offset+i. sm_scale defaults to 1/sqrt(D).
-k_is_mu=True says k already holds mu_k = softplus(k), which is what the KV cache
-of model.py stores (D numbers per position, as many bytes as a RoPE cache).
+key j is visible to query i iff j <= q_offset+i. sm_scale defaults to
+1/sqrt(D). k_is_mu=True says k already holds mu_k = softplus(k) (model.py's KV
+cache). Supported: CUDA (compute capability 8.0+), or the CPU under
+TRITON_INTERPRET=1 set before this module is imported; bf16, fp16 or fp32;
+head dim 32, 64 or 128. Anything else raises PopeKernelUnsupported.
 
-pope_attention runs the Triton kernel (CUDA, or the CPU under TRITON_INTERPRET=1
-set before this module is imported) and raises PopeKernelUnsupported for input
-it does not take; kernel_unsupported_reason(q, k, v, delta) says beforehand.
-pope_attention_reference runs anywhere.
-
-How the kernel works (numbers behind each choice: notes/kernel.md):
-  * The key side goes through a fused elementwise pre-pass that writes the
-    2D-long Cartesian keys kc = [mu cos, mu sin] in the input dtype (phases in
+How it works (measurements behind each choice: results/kernel.md):
+  * Keys go through a fused elementwise pre-pass that writes the 2D-long
+    Cartesian keys kc = [mu cos, mu sin] in the input dtype (phases in
     float32). The attention loop is then a plain flash attention with a QK dot
     of depth 2D (two dots of depth D) and a PV dot of depth D: no softplus or
     sin/cos inside the loop, where they would be recomputed for every
     (query block, key block) pair.
-  * Whatever a program holds for its whole life (the query block of the
-    forward and of the dq kernel, the key block of the dk/dv kernel) is made
-    Cartesian in registers from the raw input instead, and that program maps
-    its 2D-long gradient back to dq, dk and its share of ddelta itself.
+  * What a program holds for its whole life (the query block of the forward
+    and of the dq kernel, the key block of the dk/dv kernel) is made Cartesian
+    in registers from the raw input instead, and that program maps its
+    2D-long gradient back to dq, dk and its share of ddelta itself.
   * The backward is FlashAttention-2's: a pre-pass for rowsum(dO*O) (fused with
     the Cartesian queries), a dk/dv kernel that loops over query blocks and a
-    dq kernel that loops over key blocks. No atomics anywhere: ddelta is summed
-    per key block in the kernel and over blocks and the batch by torch, so the
-    same inputs give bitwise the same gradients.
+    dq kernel that loops over key blocks. No atomics: ddelta is summed per key
+    block in the kernel and over blocks and the batch by torch, so the same
+    inputs give bitwise the same gradients.
   * Causal blocks above the diagonal (with q_offset) are skipped; only blocks
     that straddle it, or the end of the sequence, pay for a mask.
-  * Under torch.compile the op is a torch.library custom op with a fake and an
-    autograd formula, so a model that calls it stays one graph; in eager mode
-    the same forward/backward run as a torch.autograd.Function, which costs
-    less host time per call.
+  * One torch.library custom op with a fake and an autograd formula, so a
+    model that calls it compiles into one graph.
 
-Usage:
-    python pope_kernel.py --bench     # benchmark table on a CUDA GPU
-    python pope_kernel.py --check     # forward + 4 grads vs float64 on the GPU
-    python pope_kernel.py --bench --variants   # + time split by stage
-    python pope_kernel.py --aot       # no GPU: compile for sm_90, registers/spills/shared memory
-    TRITON_INTERPRET=1 python -m pytest tests/test_kernel.py   # CPU tests
+Benchmarks, GPU checks and the sm_90 compile report: python bench.py --help.
+CPU tests: python -m pytest tests/test_kernel.py (runs under TRITON_INTERPRET=1).
 """
 
 import contextlib
@@ -61,93 +51,12 @@ import math
 import os
 
 import torch
-import torch.nn.functional as F
-
-try:
-    import triton
-    import triton.language as tl
-    from triton.language.extra import libdevice
-    _TRITON_IMPORT_ERROR = None
-except ImportError as e:  # the reference still works; the kernel reports why not
-    _TRITON_IMPORT_ERROR = e
-
-    class _NoTriton:
-        """Stands in for triton and triton.language so that the kernel
-        definitions below still import; nothing here ever launches."""
-
-        def __getattr__(self, name):
-            return _NoTriton()
-
-        def __call__(self, *args, **kwargs):
-            if len(args) == 1 and callable(args[0]) and not kwargs:
-                return args[0]
-            return self
-
-    triton = tl = libdevice = _NoTriton()
-
-TWO_PI = 2.0 * math.pi
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
 
 
-# -----------------------------------------------------------------------------
-# plain PyTorch reference
-
-def pope_frequencies(D, base=10000.0, device=None, dtype=torch.float32):
-    """theta_c = base^(-c/D) for c = 0..D-1 (RoPE would have D/2 of them)."""
-    return base ** (-torch.arange(D, device=device, dtype=torch.float64) / D).to(dtype)
-
-
-def sdpa_with_offset(q, k, v, *, causal=True, scale=None, q_offset=0):
-    """scaled_dot_product_attention where query row i sits at position q_offset+i.
-
-    SDPA's own is_causal aligns the mask top-left, which is wrong once Tq != Tk,
-    so any offset case gets an explicit boolean mask."""
-    Tq, Tk = q.size(-2), k.size(-2)
-    if not causal or q_offset >= Tk - 1 and Tq == 1:  # decoding sees every key
-        return F.scaled_dot_product_attention(q, k, v, scale=scale)
-    if q_offset == 0 and Tq == Tk:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    qpos = torch.arange(Tq, device=q.device) + q_offset
-    kpos = torch.arange(Tk, device=q.device)
-    mask = kpos[None, :] <= qpos[:, None]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-
-
-def pope_cartesian(x, positions, delta=None, base=10000.0, is_mu=False):
-    """[mu cos(phase), mu sin(phase)], shape (..., T, 2D), phases in float32 or better.
-
-    x: (B, H, T, D) raw projection (or mu already, with is_mu); positions: (T,);
-    delta: (H, D) or None (queries carry no delta)."""
-    D = x.size(-1)
-    cdtype = torch.promote_types(x.dtype, torch.float32)
-    theta = pope_frequencies(D, base, x.device, cdtype)
-    phase = positions.to(cdtype)[:, None] * theta[None, :]  # (T, D)
-    if delta is not None:
-        phase = phase + delta.to(cdtype)[:, None, :]  # (H, T, D)
-    mu = x.to(cdtype) if is_mu else F.softplus(x.to(cdtype))
-    return torch.cat([mu * torch.cos(phase), mu * torch.sin(phase)], dim=-1)
-
-
-def pope_attention_reference(q, k, v, delta, *, causal=True, sm_scale=None,
-                             base=10000.0, q_offset=0, k_is_mu=False):
-    """PoPE attention in plain PyTorch: Cartesian 2D-long q/k, then SDPA.
-
-    Never builds a (Tq, Tk, D) tensor. Differentiable in q, k, v and delta.
-    Phases are computed in float32 (float64 for float64 inputs); the 2D vectors
-    are cast back to v's dtype so SDPA runs its fused kernels under bf16."""
-    _check_shapes(q, k, v, delta, q_offset)
-    B, H, Tq, D = q.shape
-    Tk = k.size(2)
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(D)
-    delta = torch.clamp(delta, -TWO_PI, 0.0)
-    qpos = torch.arange(q_offset, q_offset + Tq, device=q.device)
-    kpos = torch.arange(Tk, device=q.device)
-    qc = pope_cartesian(q, qpos, None, base).to(v.dtype)
-    kc = pope_cartesian(k, kpos, delta, base, is_mu=k_is_mu).to(v.dtype)
-    return sdpa_with_offset(qc, kc, v, causal=causal, scale=sm_scale, q_offset=q_offset)
-
-
-def _check_shapes(q, k, v, delta, q_offset):
+def check_shapes(q, k, v, delta, q_offset):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be (B, H, T, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     B, H, Tq, D = q.shape
@@ -164,7 +73,7 @@ def _check_shapes(q, k, v, delta, q_offset):
 
 # Read once, like triton.jit itself reads it when the kernels below are
 # decorated: setting TRITON_INTERPRET later changes neither.
-_INTERPRET = _TRITON_IMPORT_ERROR is None and os.environ.get("TRITON_INTERPRET", "0") == "1"
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _INTERPRETED = tl.constexpr(_INTERPRET)
 
 
@@ -312,11 +221,9 @@ def _query_block(Q, THETA, sqb, sqh, sqt, sqd, H, TQ, q_offset,
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, K, V, sks, skd, svs, svd, theta, delta,
-               lo, hi, TK, qk_scale,
+def _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, V, svs, svd, lo, hi, TK, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
-               CAUSAL: tl.constexpr, K_IS_MU: tl.constexpr, K_FROM_RAW: tl.constexpr,
-               DOT_PREC: tl.constexpr):
+               CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
     offs_d = tl.arange(0, HEAD_DIM)
     if _INTERPRETED:  # (the interpreter turns every assigned value into a tensor again)
         lo_hi = (_interpreter_int(lo), _interpreter_int(hi))
@@ -325,19 +232,13 @@ def _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, K, V, sks, skd, svs, svd, theta,
     for start_n in range(lo_hi[0], lo_hi[1], BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kmask = offs_n < TK
-        if K_FROM_RAW:  # the in-loop variant, kept to measure against (notes/kernel.md)
-            k = tl.load(K + offs_n[:, None] * sks + offs_d[None, :] * skd, mask=kmask[:, None], other=0.0)
-            kc32, ks32 = _cartesian_tile(k.to(tl.float32), offs_n.to(tl.float32), theta, delta, K_IS_MU)
-            kc = _cast(kc32, qc.dtype)
-            ks = _cast(ks32, qc.dtype)
+        kptr = KC + offs_n[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
+        if MASK:
+            kc = tl.load(kptr, mask=kmask[:, None], other=0.0)
+            ks = tl.load(kptr + HEAD_DIM, mask=kmask[:, None], other=0.0)
         else:
-            kptr = KC + offs_n[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
-            if MASK:
-                kc = tl.load(kptr, mask=kmask[:, None], other=0.0)
-                ks = tl.load(kptr + HEAD_DIM, mask=kmask[:, None], other=0.0)
-            else:
-                kc = tl.load(kptr)
-                ks = tl.load(kptr + HEAD_DIM)
+            kc = tl.load(kptr)
+            ks = tl.load(kptr + HEAD_DIM)
         s = _dot(qc, tl.trans(kc), tl.zeros([qc.shape[0], BLOCK_N], dtype=tl.float32), DOT_PREC)
         s = _dot(qs, tl.trans(ks), s, DOT_PREC)
         if MASK:
@@ -364,20 +265,16 @@ def _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, K, V, sks, skd, svs, svd, theta,
 
 
 @triton.jit
-def _pope_fwd(Q, K, KC, V, O, LSE, THETA, DELTA,
-              sqb, sqh, sqt, sqd, skb, skh, skt, skd, svb, svh, svt, svd, sob, soh, sot, sod,
+def _pope_fwd(Q, KC, V, O, LSE, THETA,
+              sqb, sqh, sqt, sqd, svb, svh, svt, svd, sob, soh, sot, sod,
               qk_scale, H, TQ, TK, q_offset, Q_BUCKET, K_BUCKET,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              CAUSAL: tl.constexpr, K_IS_MU: tl.constexpr, K_FROM_RAW: tl.constexpr,
-              DOT_PREC: tl.constexpr):
+              CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
     """One program: BLOCK_M query rows of one (batch, head), all keys they see.
     Writes O and the row's log2-sum-exp (for the backward). qk_scale holds
     sm_scale*log2(e) so that the softmax runs on exp2."""
     bh, b, h, m0, offs_m, offs_d, rows, qpos, theta, qc, qs = _query_block(
         Q, THETA, sqb, sqh, sqt, sqd, H, TQ, q_offset, HEAD_DIM, BLOCK_M)
-    delta = tl.load(DELTA + h * HEAD_DIM + offs_d)
-
-    K = K + b * skb + h * skh
     KC = KC + bh * TK * 2 * HEAD_DIM
     V = V + b * svb + h * svh
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -392,12 +289,10 @@ def _pope_fwd(Q, K, KC, V, O, LSE, THETA, DELTA,
     else:
         hi_full = TK // BLOCK_N * BLOCK_N
         hi = TK
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, K, V, skt, skd, svt, svd, theta, delta,
-                               0, hi_full, TK, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, K_IS_MU,
-                               K_FROM_RAW, DOT_PREC)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, K, V, skt, skd, svt, svd, theta, delta,
-                               hi_full, hi, TK, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, K_IS_MU,
-                               K_FROM_RAW, DOT_PREC)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, V, svt, svd, 0, hi_full, TK, qk_scale,
+                               HEAD_DIM, BLOCK_N, False, CAUSAL, DOT_PREC)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, V, svt, svd, hi_full, hi, TK, qk_scale,
+                               HEAD_DIM, BLOCK_N, True, CAUSAL, DOT_PREC)
     acc = acc / l_i[:, None]
     tl.store(O + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :] * sod,
              _cast(acc, O.dtype.element_ty), mask=rows[:, None])
@@ -602,7 +497,6 @@ _INTERP_BLOCK = 16
 _DDP_MIN_BLOCK_N = 16  # smallest dk/dv key block: rows of the ddelta partials buffer
 _PREP_BLOCK_T = 64
 _AUTOTUNE = not _INTERPRET and os.environ.get("POPE_AUTOTUNE", "1") != "0"
-_POISON = False  # tests set this: every buffer the kernels must fill starts as NaN
 _KEYS = ["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "CAUSAL"]
 
 
@@ -621,10 +515,13 @@ def _autotuned(kernel, kind, keys, **kw):
     def prune(configs, named_args, **kwargs):
         return [c for c in configs if c.head_dim == max(kwargs["HEAD_DIM"], 64)]
 
-    return triton.autotune(configs, key=_KEYS + keys, prune_configs_by={"early_config_prune": prune}, **kw)(kernel)
+    # cache_results: a shape's winner is kept on disk (Triton's cache dir), so a new process
+    # pays for tuning only at shapes it has never seen
+    return triton.autotune(configs, key=_KEYS + keys, prune_configs_by={"early_config_prune": prune},
+                           cache_results=True, **kw)(kernel)
 
 
-_pope_fwd_tuned = _autotuned(_pope_fwd, "fwd", ["K_IS_MU", "K_FROM_RAW"])
+_pope_fwd_tuned = _autotuned(_pope_fwd, "fwd", [])
 # the autotuner's trial runs may leave partials in rows the chosen block size
 # does not write: zero them again before the real run
 _pope_bwd_dkdv_tuned = _autotuned(_pope_bwd_dkdv, "dkdv", ["K_IS_MU"], reset_to_zero=["DDP"])
@@ -651,22 +548,22 @@ def _bucket(n):
 
 
 def _empty(shape, like, dtype=None):
-    out = torch.empty(shape, device=like.device, dtype=dtype or like.dtype)
-    return out.fill_(float("nan")) if _POISON else out
+    return torch.empty(shape, device=like.device, dtype=dtype or like.dtype)
 
 
 _THETA_HOST = {}
 
 
 def _theta(D, base, device):
-    # rounded from float64 exactly as pope_frequencies does, so that phase =
-    # pos*theta is the same float32 number as in the reference
+    # theta_c = base^(-c/D), rounded once from float64 as model.pope_frequencies
+    # does, so that phase = pos*theta is the same float32 number on both paths
+    theta = (base ** (-torch.arange(D, dtype=torch.float64) / D)).to(torch.float32)
     if device.type != "cuda":
-        return pope_frequencies(D, base, device, torch.float32)
+        return theta
     key = (D, float(base))
     host = _THETA_HOST.get(key)
     if host is None:
-        host = _THETA_HOST[key] = pope_frequencies(D, base, "cpu", torch.float32).pin_memory()
+        host = _THETA_HOST[key] = theta.pin_memory()
     # A D-float copy per call from pinned memory, not a cached device tensor: under
     # torch.compile(mode="reduce-overhead") the first calls run inside a CUDA graph
     # tree's memory pool, where a tensor kept alive by a cache breaks the pool's
@@ -700,40 +597,36 @@ def _cartesian(x, theta, delta, pos0, is_mu, o=None, do=None):
     return (xc, di) if with_di else xc
 
 
-def _fwd(q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu, k_from_raw=False, blocks=None):
+def _fwd(q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu, tune=True):
     with _on_device(q):
-        return _fwd_on_device(q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu, k_from_raw, blocks)
+        B, H, Tq, D = q.shape
+        Tk = k.size(2)
+        theta = _theta(D, base, q.device)
+        out = _empty((B, H, Tq, D), q)
+        lse = _empty((B, H, Tq), q, torch.float32)
+        kc = _cartesian(k, theta, delta, 0, k_is_mu)
+        grid = lambda meta: (triton.cdiv(Tq, meta["BLOCK_M"]), B * H)
+        args = (q, kc, v, out, lse, theta, *q.stride(), *v.stride(), *out.stride(),
+                sm_scale * 1.4426950408889634, H, Tq, Tk, q_offset, _bucket(Tq), _bucket(Tk))
+        kwargs = dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=_dot_precision(q.dtype))
+        blocks = None  # autotuned
+        # decoding, and any call without gradients (inference, eval), runs a fixed config:
+        # tuning every new (Tq, Tk) bucket would cost seconds per new length
+        if Tq <= _DECODE_MAX_TQ or not _AUTOTUNE or not tune:
+            blocks = _DECODE_FWD if Tq <= _DECODE_MAX_TQ else _blocks("fwd", D)[0]
+        _launch(_pope_fwd, _pope_fwd_tuned, blocks, grid, args, kwargs)
+        return out, lse
 
 
-def _fwd_on_device(q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu, k_from_raw, blocks):
+def _bwd(do, q, k, v, delta, out, lse, causal, sm_scale, base, q_offset, k_is_mu):
+    """dq, dk, dv and ddelta (float32)."""
+    with _on_device(q):
+        return _bwd_on_device(do, q, k, v, delta, out, lse, causal, sm_scale, base, q_offset, k_is_mu)
+
+
+def _bwd_on_device(do, q, k, v, delta, out, lse, causal, sm_scale, base, q_offset, k_is_mu):
     B, H, Tq, D = q.shape
     Tk = k.size(2)
-    theta = _theta(D, base, q.device)
-    out = _empty((B, H, Tq, D), q)
-    lse = _empty((B, H, Tq), q, torch.float32)
-    kc = k if k_from_raw else _cartesian(k, theta, delta, 0, k_is_mu)
-    grid = lambda meta: (triton.cdiv(Tq, meta["BLOCK_M"]), B * H)
-    args = (q, k, kc, v, out, lse, theta, delta, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-            sm_scale * 1.4426950408889634, H, Tq, Tk, q_offset, _bucket(Tq), _bucket(Tk))
-    kwargs = dict(HEAD_DIM=D, CAUSAL=causal, K_IS_MU=k_is_mu, K_FROM_RAW=k_from_raw,
-                  DOT_PREC=_dot_precision(q.dtype))
-    if blocks is None and (Tq <= _DECODE_MAX_TQ or not _AUTOTUNE):
-        blocks = _DECODE_FWD if Tq <= _DECODE_MAX_TQ else _blocks("fwd", D)[0]
-    _launch(_pope_fwd, _pope_fwd_tuned, blocks, grid, args, kwargs)
-    return out, lse
-
-
-def _bwd(do, q, k, v, delta, out, lse, causal, sm_scale, base, q_offset, k_is_mu, stages=None):
-    """dq, dk, dv and ddelta (w.r.t. the clamped float32 delta). `stages`, for
-    timing only, names the launches to run."""
-    with _on_device(q):
-        return _bwd_on_device(do, q, k, v, delta, out, lse, causal, sm_scale, base, q_offset, k_is_mu, stages)
-
-
-def _bwd_on_device(do, q, k, v, delta, out, lse, causal, sm_scale, base, q_offset, k_is_mu, stages):
-    B, H, Tq, D = q.shape
-    Tk = k.size(2)
-    run = lambda name: stages is None or name in stages
     theta = _theta(D, base, q.device)
     qk_scale = sm_scale * 1.4426950408889634
     prec = _dot_precision(q.dtype)
@@ -746,30 +639,28 @@ def _bwd_on_device(do, q, k, v, delta, out, lse, causal, sm_scale, base, q_offse
     nblk = triton.cdiv(Tk, _DDP_MIN_BLOCK_N)
     # rows past the chosen block count stay zero: the sum below is over all rows
     ddp = torch.zeros((B, nblk, H, D), device=q.device, dtype=torch.float32)
-    qc, di = _cartesian(q, theta, None, q_offset, False, o=out, do=do) if run("prep_q") else (None, None)
-    if run("dkdv"):
-        grid = lambda meta: (triton.cdiv(Tk, meta["BLOCK_N"]), B * H)
-        _launch(_pope_bwd_dkdv, _pope_bwd_dkdv_tuned, fixed("dkdv"), grid,
-                (k, v, qc, do, lse, di, dk, dv, ddp, theta, delta, *k.stride(), *v.stride(), *do.stride(),
-                 *dk.stride(), *dv.stride(), sm_scale, qk_scale, H, Tq, Tk, q_offset, nblk, *buckets),
-                dict(HEAD_DIM=D, CAUSAL=causal, K_IS_MU=k_is_mu, DOT_PREC=prec))
+    qc, di = _cartesian(q, theta, None, q_offset, False, o=out, do=do)
+    grid = lambda meta: (triton.cdiv(Tk, meta["BLOCK_N"]), B * H)
+    _launch(_pope_bwd_dkdv, _pope_bwd_dkdv_tuned, fixed("dkdv"), grid,
+            (k, v, qc, do, lse, di, dk, dv, ddp, theta, delta, *k.stride(), *v.stride(), *do.stride(),
+             *dk.stride(), *dv.stride(), sm_scale, qk_scale, H, Tq, Tk, q_offset, nblk, *buckets),
+            dict(HEAD_DIM=D, CAUSAL=causal, K_IS_MU=k_is_mu, DOT_PREC=prec))
     del qc  # (no other reference may keep it: that would hold both 2D-long copies at once)
-    kc = _cartesian(k, theta, delta, 0, k_is_mu) if run("prep_k") else None
+    kc = _cartesian(k, theta, delta, 0, k_is_mu)
     dq = _empty((B, H, Tq, D), q)
-    if run("dq"):
-        grid = lambda meta: (triton.cdiv(Tq, meta["BLOCK_M"]), B * H)
-        args = (q, kc, v, do, lse, di, dq, theta, *q.stride(), *v.stride(), *do.stride(), *dq.stride(),
-                sm_scale, qk_scale, H, Tq, Tk, q_offset, *buckets)
-        _launch(_pope_bwd_dq, _pope_bwd_dq_tuned, fixed("dq"), grid, args,
-                dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=prec))
+    grid = lambda meta: (triton.cdiv(Tq, meta["BLOCK_M"]), B * H)
+    args = (q, kc, v, do, lse, di, dq, theta, *q.stride(), *v.stride(), *do.stride(), *dq.stride(),
+            sm_scale, qk_scale, H, Tq, Tk, q_offset, *buckets)
+    _launch(_pope_bwd_dq, _pope_bwd_dq_tuned, fixed("dq"), grid, args,
+            dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=prec))
     # a fixed-order reduction (no atomics): bitwise the same every run
     ddelta = ddp.sum(dim=(0, 1))
     return dq, dk, dv, ddelta
 
 
 # -----------------------------------------------------------------------------
-# autograd: a torch.library custom op for torch.compile (opaque, no graph
-# break, a fake for shape propagation) and an autograd.Function for eager mode
+# autograd: one torch.library custom op, opaque to torch.compile (no graph
+# break; the fake gives shapes), with the backward as a second op
 
 # one namespace per module name, so a second copy of this file loaded under
 # another name (tests/test_kernel.py loads one under the interpreter) does not
@@ -779,12 +670,12 @@ _NS = __name__.replace(".", "_")
 
 @torch.library.custom_op(f"{_NS}::fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: torch.Tensor, causal: bool,
-            sm_scale: float, base: float, q_offset: int, k_is_mu: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd(q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu)
+            sm_scale: float, base: float, q_offset: int, k_is_mu: bool, tune: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd(q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu, tune)
 
 
 @_fwd_op.register_fake
-def _(q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu):
+def _(q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu, tune):
     B, H, Tq, D = q.shape
     return q.new_empty((B, H, Tq, D)), q.new_empty((B, H, Tq), dtype=torch.float32)
 
@@ -802,7 +693,7 @@ def _(do, q, k, v, delta, out, lse, causal, sm_scale, base, q_offset, k_is_mu):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu = inputs
+    q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu, _ = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, delta, out, lse)
     ctx.args = (causal, sm_scale, base, q_offset, k_is_mu)
@@ -812,30 +703,10 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, dlse):
     q, k, v, delta, out, lse = ctx.saved_tensors
     dq, dk, dv, ddelta = _bwd_op(dout, q, k, v, delta, out, lse, *ctx.args)
-    return dq, dk, dv, ddelta, None, None, None, None, None
+    return dq, dk, dv, ddelta, None, None, None, None, None, None
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _PopeAttention(torch.autograd.Function):
-    """The same forward and backward for eager mode: the custom op's Python
-    dispatch costs about 0.15-0.25 ms of host time per forward+backward more
-    than this (measured with empty kernels, notes/kernel.md), which shows at
-    T = 1k where the GPU work itself is a fraction of a millisecond."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu):
-        out, lse = _fwd(q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu)
-        ctx.save_for_backward(q, k, v, delta, out, lse)
-        ctx.args = (causal, sm_scale, base, q_offset, k_is_mu)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, delta, out, lse = ctx.saved_tensors
-        dq, dk, dv, ddelta = _bwd(dout, q, k, v, delta, out, lse, *ctx.args)
-        return dq, dk, dv, ddelta, None, None, None, None, None
 
 
 # -----------------------------------------------------------------------------
@@ -853,11 +724,9 @@ _CAPABILITY = {}
 def kernel_unsupported_reason(q, k, v, delta):
     """None if the Triton kernel can run on these inputs, else why not (a sentence
     that names what is supported). model.py's attn_impl="auto" uses this to fall
-    back to the reference with one warning."""
-    if _TRITON_IMPORT_ERROR is not None:
-        return f"Triton is not importable ({_TRITON_IMPORT_ERROR}); {_SUPPORTED}"
+    back to its PyTorch path with one warning."""
     try:
-        _check_shapes(q, k, v, delta, 0)
+        check_shapes(q, k, v, delta, 0)
     except ValueError as e:
         return f"{e}; {_SUPPORTED}"
     dev = q.device
@@ -887,330 +756,17 @@ def kernel_unsupported_reason(q, k, v, delta):
 
 def pope_attention(q, k, v, delta, *, causal=True, sm_scale=None, base=10000.0,
                    q_offset=0, k_is_mu=False):
-    """PoPE attention through the fused Triton kernel (same contract as
-    pope_attention_reference). Raises PopeKernelUnsupported, a ValueError,
-    for input the kernel does not take; kernel_unsupported_reason says why
-    without raising."""
-    _check_shapes(q, k, v, delta, q_offset)
+    """PoPE attention through the fused Triton kernel (the contract of
+    model.pope_attention_torch; delta is used as given). Raises
+    PopeKernelUnsupported, a ValueError, for input the kernel does not take;
+    kernel_unsupported_reason says why without raising."""
+    check_shapes(q, k, v, delta, q_offset)
     reason = kernel_unsupported_reason(q, k, v, delta)
     if reason is not None:
         raise PopeKernelUnsupported(reason)
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.size(-1))
-    # clamped outside the op so that autograd zeroes ddelta outside [-2pi, 0]
-    # exactly like the reference's torch.clamp
-    delta = torch.clamp(delta, -TWO_PI, 0.0).float().contiguous()
-    args = (bool(causal), float(sm_scale), float(base), int(q_offset), bool(k_is_mu))
-    if torch.compiler.is_compiling():  # one opaque node: no graph break
-        return _fwd_op(q, k, v, delta, *args)[0]
-    return _PopeAttention.apply(q, k, v, delta, *args)
-
-
-# -----------------------------------------------------------------------------
-# benchmark and GPU checks: python pope_kernel.py --bench [--check] [--variants]
-
-def _rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def _inputs(B, H, Tq, Tk, D, dtype, device="cuda", seed=0):
-    g = torch.Generator(device=device).manual_seed(seed)
-    q, k, v = (torch.randn(B, H, T, D, device=device, dtype=dtype, generator=g) for T in (Tq, Tk, Tk))
-    delta = torch.rand(H, D, device=device, generator=g) * -7.0 + 0.5  # partly outside [-2pi, 0]
-    do = torch.randn(B, H, Tq, D, device=device, dtype=dtype, generator=g)
-    return q, k, v, delta, do
-
-
-def _grads(fn, q, k, v, delta, do, dtype=None, **kw):
-    xs = [x.detach().to(dtype or x.dtype).requires_grad_(True) for x in (q, k, v)]
-    xs.append(delta.detach().clone().to(torch.float64 if dtype == torch.float64 else delta.dtype).requires_grad_(True))
-    out = fn(*xs, **kw)
-    return [out.detach()] + list(torch.autograd.grad(out, xs, do.to(out.dtype)))
-
-
-def _check(cases=None, device="cuda"):
-    """Forward and the four gradients against a float64 reference on the GPU,
-    with untuned (first) configs, poisoned outputs and a determinism check."""
-    global _AUTOTUNE, _POISON
-    saved = _AUTOTUNE, _POISON
-    _AUTOTUNE, _POISON = False, True
-    bound = {torch.float32: (1e-5, 1e-5), torch.float16: (3e-3, 5e-3), torch.bfloat16: (1e-2, 2e-2)}
-    cases = cases or [  # B, H, Tq, Tk, D, dtype, causal, q_offset, k_is_mu
-        (2, 3, 300, 300, 64, torch.bfloat16, True, 0, False),
-        (2, 3, 300, 300, 64, torch.float16, True, 0, False),
-        (2, 3, 300, 300, 64, torch.float32, True, 0, False),
-        (1, 2, 257, 257, 32, torch.bfloat16, True, 0, False),
-        (1, 2, 257, 257, 128, torch.bfloat16, True, 0, False),
-        (2, 2, 200, 333, 64, torch.bfloat16, False, 0, False),
-        (2, 2, 100, 357, 64, torch.bfloat16, True, 257, False),
-        (2, 2, 1, 1000, 64, torch.bfloat16, True, 999, True),
-        (2, 2, 1, 1000, 128, torch.bfloat16, True, 999, True),
-    ]
-    ok = True
-    for B, H, Tq, Tk, D, dtype, causal, off, kmu in cases:
-        q, k, v, delta, do = _inputs(B, H, Tq, Tk, D, dtype, device, seed=Tq * Tk + D)
-        if kmu:
-            k = F.softplus(k.float()).to(dtype)
-        kw = dict(causal=causal, q_offset=off, k_is_mu=kmu)
-        ref = _grads(pope_attention_reference, q, k, v, delta, do, torch.float64, **kw)
-        got = _grads(pope_attention, q, k, v, delta, do, **kw)
-        again = _grads(pope_attention, q, k, v, delta, do, **kw)
-        naive = _grads(pope_attention_reference, q, k, v, delta, do, **kw)
-        errs = [_rel(a, b) for a, b in zip(got, ref)]
-        errs_naive = [_rel(a, b) for a, b in zip(naive, ref)]
-        same = all(torch.equal(a, b) for a, b in zip(got, again))
-        good = same and all(e == e and e < bound[dtype][i > 0] for i, e in enumerate(errs))
-        ok &= good
-        print(f"check {'ok ' if good else 'BAD'} B={B} H={H} Tq={Tq} Tk={Tk} D={D} {str(dtype)[6:]:8s} "
-              f"causal={causal:d} off={off} k_is_mu={kmu:d}  rel err out/dq/dk/dv/ddelta "
-              + " ".join(f"{e:.1e}" for e in errs) + "  (naive path: " + " ".join(f"{e:.1e}" for e in errs_naive)
-              + f")  bitwise-deterministic={same}", flush=True)
-    _AUTOTUNE, _POISON = saved
-    return ok
-
-
-def _time(fn, grad_to_none=None):
-    from triton.testing import do_bench
-    return do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median")
-
-
-def _graph_time(step, leaves):
-    """Median time of one CUDA graph replay of step(), which must be warm
-    (autotuned, compiled); .grad buffers come from the graph's pool."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            for x in leaves:
-                x.grad = None
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    for x in leaves:
-        x.grad = None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return _time(graph.replay)
-
-
-def _peak_mb(fn):
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
-
-
-def _rope(x, cos, sin):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
-def _bench(shapes, variants=False):
-    dtype = torch.bfloat16
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
-          f"causal, bf16, median of do_bench (CUDA events, L2 flushed)")
-    print("# fwd+bwd twice: eager (Python, autograd and launch overhead included) and as one CUDA graph replay")
-    print(f"{'path':28s} {'B,H,T,D':16s} {'fwd ms':>8s} {'TFLOP/s':>8s} {'fwd+bwd ms':>11s} {'TFLOP/s':>8s} "
-          f"{'graph ms':>9s} {'TFLOP/s':>8s} {'peak MB':>8s}")
-    rows = []
-    for B, H, T, D in shapes:
-        q, k, v, delta, do = _inputs(B, H, T, T, D, dtype, seed=T)
-        q128, k128, v128, _, do128 = _inputs(B, H, T, T, 2 * D, dtype, seed=T + 1)
-        inv = 1.0 / 10000.0 ** (torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D)
-        ang = torch.arange(T, device="cuda", dtype=torch.float32)[:, None] * inv[None, :]
-        cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
-        # correctness line: the kernel (autotuned configs) and the naive bf16
-        # path against the reference on float32 inputs (SDPA's float32 kernels)
-        ref = _grads(pope_attention_reference, q, k, v, delta, do, torch.float32)
-        got = _grads(pope_attention, q, k, v, delta, do)
-        naive = _grads(pope_attention_reference, q, k, v, delta, do)
-        print(f"{'  check vs fp32 reference':28s} {f'{B},{H},{T},{D}':16s} kernel out/dq/dk/dv/ddelta "
-              + " ".join(f"{_rel(a, b):.1e}" for a, b in zip(got, ref))
-              + "   naive bf16 " + " ".join(f"{_rel(a, b):.1e}" for a, b in zip(naive, ref)), flush=True)
-        del ref, got, naive
-        leaves = [x.requires_grad_(True) for x in (q, k, v, delta, q128, k128, v128)]
-        paths = {
-            "pope triton kernel": (lambda: pope_attention(q, k, v, delta), 2 * D, D, do),
-            "pope naive (cart.+SDPA)": (lambda: pope_attention_reference(q, k, v, delta), 2 * D, D, do),
-            "rope+SDPA D=64": (lambda: F.scaled_dot_product_attention(_rope(q, cos, sin), _rope(k, cos, sin), v,
-                                                                      is_causal=True), D, D, do),
-            "SDPA D=128": (lambda: F.scaled_dot_product_attention(q128, k128, v128, is_causal=True), 2 * D, 2 * D, do128),
-        }
-        for name, (f, dqk, dv_, g) in paths.items():
-            # causal: half of the T x T scores; backward = QK^T again, dV, dP, dQ, dK
-            fl_f = B * H * T * T * (dqk + dv_)
-            fl_b = B * H * T * T * (3 * dqk + 2 * dv_)
-            with torch.no_grad():
-                t_f = _time(f)
-            t_fb = _time(lambda: f().backward(g), grad_to_none=leaves)
-            for x in leaves:
-                x.grad = None
-            mem = _peak_mb(lambda: f().backward(g))
-            try:
-                t_g = _graph_time(lambda: f().backward(g), leaves)
-            except Exception as e:  # noqa: BLE001  (a path that cannot be captured still gets its eager row)
-                print(f"    (CUDA graph capture failed for {name}: {e!r:.200})")
-                t_g = float("nan")
-            for x in leaves:
-                x.grad = None
-            rows.append((name, (B, H, T, D), t_f, t_fb, t_g, mem))
-            print(f"{name:28s} {f'{B},{H},{T},{D}':16s} {t_f:8.3f} {fl_f / t_f * 1e-9:8.1f} {t_fb:11.3f} "
-                  f"{(fl_f + fl_b) / t_fb * 1e-9:8.1f} {t_g:9.3f} {(fl_f + fl_b) / t_g * 1e-9:8.1f} {mem:8.0f}",
-                  flush=True)
-        if variants:
-            _variants(q, k, v, delta, do)
-        paths = leaves = q = k = v = q128 = k128 = v128 = None  # free this shape's tensors
-        torch.cuda.empty_cache()
-    return rows
-
-
-def _variants(q, k, v, delta, do):
-    """Where the time goes: forward with the in-loop Cartesian keys against the
-    pre-pass, and the backward with one stage left out at a time."""
-    D = q.size(-1)
-    sm = 1.0 / math.sqrt(D)
-    dc = torch.clamp(delta.detach(), -TWO_PI, 0.0).float().contiguous()
-    q, k, v = q.detach(), k.detach(), v.detach()
-    args = (dc, True, sm, 10000.0, 0, False)
-    out, lse = _fwd(q, k, v, *args)
-    bargs = (do, q, k, v, dc, out, lse, True, sm, 10000.0, 0, False)
-    fns = {
-        "fwd (k pre-pass + attention)": lambda: _fwd(q, k, v, *args),
-        "fwd, Cartesian k in the loop": lambda: _fwd(q, k, v, *args, k_from_raw=True),
-        "fwd, k pre-pass alone": lambda: _cartesian(k, _theta(D, 10000.0, q.device), dc, 0, False),
-        "bwd (all)": lambda: _bwd(*bargs),
-        "bwd without dq kernel": lambda: _bwd(*bargs, stages={"prep_q", "dkdv", "prep_k"}),
-        "bwd without dk/dv kernel": lambda: _bwd(*bargs, stages={"prep_q", "prep_k", "dq"}),
-        "bwd pre-passes only": lambda: _bwd(*bargs, stages={"prep_q", "prep_k"}),
-    }
-    t = {name: _time(fn) for name, fn in fns.items()}
-    g = {}
-    for name, fn in fns.items():
-        try:
-            g[name] = _graph_time(fn, [])
-        except Exception:  # noqa: BLE001
-            g[name] = float("nan")
-    for name, ms in t.items():
-        print(f"    variant {name:34s} {ms:8.3f} ms eager, {g[name]:8.3f} ms as a CUDA graph", flush=True)
-    for kern in (_pope_fwd_tuned, _pope_bwd_dkdv_tuned, _pope_bwd_dq_tuned):
-        best = {key[:2] + key[4:5]: "{BLOCK_M}x{BLOCK_N}".format(**cfg.kwargs) + f" w{cfg.num_warps} s{cfg.num_stages}"
-                for key, cfg in kern.cache.items()}
-        print(f"    tuned {kern.base_fn.__name__} (Tq, Tk bucket[, K_IS_MU/K_FROM_RAW]): {best}", flush=True)
-
-
-# sm_90's largest shared memory per block (227 KB, opt-in): a config above it cannot launch on an H200
-_HOPPER_SMEM = 232448
-
-
-def _aot_compile(kernel, args, kwargs, target):
-    """Compile a @triton.jit kernel for `target` exactly as launching it with these
-    arguments would (same signature, constexprs and 16-byte alignment attributes),
-    without a GPU: Triton's own binder specialises the arguments, then ptxas runs."""
-    from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import create_function_from_signature
-    backend = make_backend(target)
-    kwargs = dict(kwargs, debug=False)
-    bound, spec, opts = create_function_from_signature(kernel.signature, kernel.params, backend)(*args, **kwargs)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, spec, opts)
-    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
-
-
-def _resources(compiled):
-    """Registers, stack (spills) and local memory of a compiled kernel, read from its cubin."""
-    import subprocess
-    import tempfile
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        out = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name],
-                             capture_output=True, text=True, check=True).stdout
-    fields = dict(w.split(":", 1) for w in out.split() if w.split(":", 1)[0] in ("REG", "STACK", "LOCAL"))
-    return {k.lower(): int(v) for k, v in fields.items()}
-
-
-def aot_report(cases, all_configs=True, capability=90):
-    """Compile every kernel that the forward and backward of each case launch, for
-    an sm_<capability> GPU, on any machine (CPU tensors stand in for the GPU ones).
-    With all_configs, every autotuning config of the head dim; else the launch's
-    own (the first, as with POPE_AUTOTUNE=0). Returns one dict per compile."""
-    global _launch, _cartesian_kernel, _AUTOTUNE
-    target = triton.backends.compiler.GPUTarget("cuda", capability, 64)
-    rows, case = [], None
-
-    def record(kernel, args, kwargs, config):
-        c = _aot_compile(kernel, args, kwargs, target)
-        rows.append(dict(kernel=kernel.fn.__name__, case=case, config=config, shared=c.metadata.shared,
-                         wgmma="wgmma" in c.asm["ptx"], **_resources(c)))
-
-    def launch(kernel, tuned, blocks, grid, args, kwargs):
-        # blocks is None where the launch would autotune: then the configs its autotuner would try
-        configs = [blocks] if blocks else [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
-                                           for c in tuned.early_config_prune(tuned.configs, {}, **kwargs)]
-        for bm, bn, w, st in configs:
-            record(kernel, args, dict(kwargs, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st), (bm, bn, w, st))
-
-    class _Prepass:  # stands in for _cartesian_kernel[grid](...)
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: record(real_prepass, args, dict(kwargs), None)
-
-    saved = _launch, _cartesian_kernel, _AUTOTUNE
-    real_prepass = saved[1]
-    _launch, _cartesian_kernel, _AUTOTUNE = launch, _Prepass(), all_configs
-    try:
-        for B, H, Tq, Tk, D, dtype, causal, q_offset, k_is_mu in cases:
-            case = f"D={D} {str(dtype)[6:]} Tq={Tq} Tk={Tk}" + (" k_is_mu" if k_is_mu else "")
-            q, do = (torch.randn(B, H, Tq, D, dtype=dtype) for _ in range(2))
-            k, v = (torch.randn(B, H, Tk, D, dtype=dtype) for _ in range(2))
-            delta = torch.zeros(H, D)
-            args = (delta, causal, D ** -0.5, 10000.0, q_offset, k_is_mu)
-            out, lse = _fwd(q, k, v, *args)
-            if Tq > _DECODE_MAX_TQ:
-                _bwd(do, q, k, v, *args[:1], out, lse, *args[1:])
-    finally:
-        _launch, _cartesian_kernel, _AUTOTUNE = saved
-    return rows
-
-
-def _compile_check():
-    """torch.compile(fullgraph=True) of a function around pope_attention:
-    raises if the custom op breaks the graph."""
-    q, k, v, delta, do = _inputs(2, 4, 256, 256, 64, torch.bfloat16)
-    f = torch.compile(lambda q, k, v, d: pope_attention(q, k, v, d) * 2.0, fullgraph=True)
-    got = _grads(f, q, k, v, delta, do)
-    ref = _grads(lambda q, k, v, d: pope_attention(q, k, v, d) * 2.0, q, k, v, delta, do)
-    print("torch.compile fullgraph: ok, max |diff| vs eager "
-          + " ".join(f"{(a.float() - b.float()).abs().max().item():.1e}" for a, b in zip(got, ref)))
-
-
-if __name__ == "__main__":
-    import argparse
-
-    ap = argparse.ArgumentParser(description="PoPE attention kernel: GPU benchmark and checks")
-    ap.add_argument("--bench", action="store_true", help="the benchmark table (median ms, TFLOP/s, peak MB)")
-    ap.add_argument("--check", action="store_true", help="correctness sweep against float64 on the GPU")
-    ap.add_argument("--variants", action="store_true", help="with --bench: time variants that leave a stage out")
-    ap.add_argument("--compile", action="store_true", help="check torch.compile(fullgraph=True) around the op")
-    ap.add_argument("--aot", action="store_true", help="no GPU needed: compile every kernel and autotuning "
-                    "config for sm_90 (Hopper); print registers, spills and shared memory")
-    a = ap.parse_args()
-    if not (a.bench or a.check or a.compile or a.aot):
-        ap.error("nothing to do: pass --bench, --check, --compile and/or --aot")
-    if a.aot:
-        print(f"# triton {triton.__version__}, sm_90; stack = bytes of spills; shared of {_HOPPER_SMEM} per block")
-        for D in (64, 128):
-            for r in aot_report([(1, 2, 256, 256, D, torch.bfloat16, True, 0, False),
-                                 (1, 2, 1, 256, D, torch.bfloat16, True, 255, True)]):
-                print(f"{r['kernel']:20s} {r['case']:34s} {str(r['config']):18s} regs {r['reg']:3d} "
-                      f"stack {r['stack']:4d} shared {r['shared']:6d} wgmma {r['wgmma']}", flush=True)
-        if not (a.bench or a.check or a.compile):
-            raise SystemExit(0)
-    if not torch.cuda.is_available():
-        raise SystemExit("needs a CUDA GPU")
-    if a.check and not _check():
-        raise SystemExit("correctness check FAILED")
-    if a.compile:
-        _compile_check()
-    if a.bench:
-        _bench([(8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64)], variants=a.variants)
+    # the kernels read delta as float32; the cast is outside the op, so autograd maps ddelta back
+    delta = delta.float().contiguous()
+    tune = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, delta))
+    return _fwd_op(q, k, v, delta, bool(causal), float(sm_scale), float(base), int(q_offset), bool(k_is_mu), tune)[0]

@@ -4,72 +4,72 @@ Sample from a trained checkpoint.
 Usage:
     python sample.py --out_dir=out [--start="Once upon a time"] [--start=FILE:prompt.txt]
                      [--num_samples=3] [--max_new_tokens=200] [--temperature=0.8]
-                     [--top_k=200] [--seed=1337] [--device=auto] [--save=samples/x]
+                     [--top_k=200] [--seed=1337] [--device=auto] [--compile] [--save=samples/x]
 
-Text is decoded with tiktoken's gpt2 encoding when the dataset's meta.json says
-"tokenizer": "gpt2", and with its "itos" list otherwise. Datasets whose meta.json
-names a "format" (a module in prepare/, e.g. jsb, maestro, genome) are rendered
-by that module's decode(); with --save, its save_sample() also writes a file
-(e.g. MIDI for music).
+The prompt is written in the dataset's own format: GPT-2 text for
+openwebtext-style data; for the prepare/ formats their token names (see
+python prepare/NAME.py --help), e.g. "NZTUIGWkXFrhCJDzscat, N, +4, " for indirect
+indexing. The samples of one prompt are generated as one batch. Only ids of
+the dataset's real vocabulary are ever sampled. --temperature=0 is greedy.
+--save=PREFIX writes each sample to PREFIX_<i> in the dataset's format (MIDI
+for music, .txt otherwise). Samples go to stdout; the attention path and
+tokens/s go to stderr. --compile decodes with a static-shape KV cache under
+torch.compile + CUDA graphs (CUDA only).
 """
 
 import argparse
 import importlib
 import os
 import sys
+import time
 from contextlib import nullcontext
 
 import torch
 
 from model import load_checkpoint
-
-
-def load_codec(meta):
-    """(encode, decode) for a dataset's meta.json: gpt2 BPE or a character list."""
-    if meta.get("tokenizer") == "gpt2":
-        import tiktoken
-        enc = tiktoken.get_encoding("gpt2")
-        return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), enc.decode
-    if "itos" in meta:
-        itos = meta["itos"]
-        stoi = {s: i for i, s in enumerate(itos)}
-        single = all(len(s) == 1 for s in itos)
-
-        def encode(s):
-            if not single:
-                raise ValueError("this vocabulary has multi-character tokens; give the prompt as token ids")
-            bad = sorted(set(c for c in s if c not in stoi))
-            if bad:
-                raise ValueError(f"characters {bad} are not in the vocabulary ({''.join(itos)!r})")
-            return [stoi[c] for c in s]
-        return encode, lambda ids: "".join(itos[i] for i in ids)
-    raise ValueError("meta.json needs either \"tokenizer\": \"gpt2\" or an \"itos\" list")
+from prepare.common import PrepareError, codec
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out_dir", default="out", help="folder holding ckpt.pt")
     p.add_argument("--ckpt", default=None, help="checkpoint path (default: out_dir/ckpt.pt)")
-    p.add_argument("--start", default="\n", help="prompt text, or FILE:path to read it from a file "
-                   "(for prepare/ formats: that module's token names, see python prepare/NAME.py --help)")
-    p.add_argument("--num_samples", type=int, default=3)
+    p.add_argument("--start", default="\n", help="prompt text, or FILE:path to read it from a file")
+    p.add_argument("--num_samples", type=int, default=3, help="samples of the prompt, generated as one batch")
     p.add_argument("--max_new_tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top_k", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top_k", type=int, default=200, help="sample among the k most likely ids (>= 1)")
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--save", default=None, help="path prefix: write each sample with the dataset format's save_sample()")
+    p.add_argument("--device", default="auto", help="auto (cuda if available) | cpu | cuda | cuda:N")
+    p.add_argument("--compile", action="store_true", help="static KV cache + torch.compile with CUDA graphs")
+    p.add_argument("--save", default=None, help="path prefix: also write each sample to PREFIX_<i> in its format")
     args = p.parse_args(argv)
+    for ok, msg in ((args.num_samples >= 1, "--num_samples must be >= 1"),
+                    (args.max_new_tokens >= 1, "--max_new_tokens must be >= 1"),
+                    (args.temperature >= 0, "--temperature must be >= 0 (0 = greedy)"),
+                    (args.top_k >= 1, "--top_k must be >= 1 (1 = greedy)")):
+        if not ok:
+            p.error(msg)
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit("error: --device=cuda but CUDA is not available here; pass --device=cpu")
+    if args.compile and not device.startswith("cuda"):
+        sys.exit("error: --compile decodes with CUDA graphs and needs a CUDA device")
     torch.manual_seed(args.seed)
     ckpt_path = args.ckpt or os.path.join(args.out_dir, "ckpt.pt")
     if not os.path.isfile(ckpt_path):
         sys.exit(f"error: checkpoint {ckpt_path} not found; train one with train.py or pass --out_dir/--ckpt")
-    model, ckpt = load_checkpoint(ckpt_path, device=device)
+    try:
+        model, ckpt = load_checkpoint(ckpt_path, device=device)
+    except Exception as e:  # noqa: BLE001  (weights_only refuses anything but tensors and plain types)
+        sys.exit(f"error: cannot load {ckpt_path} as a train.py checkpoint ({type(e).__name__}: {str(e)[:200]})")
     meta = ckpt.get("meta", {})
     fmt = importlib.import_module("prepare." + meta["format"]) if meta.get("format") else None
-    encode, decode = load_codec(meta)
+    try:
+        encode, decode = codec(meta)
+    except (PrepareError, ValueError) as e:
+        sys.exit(f"error: {e}")
     if fmt is not None:  # the dataset's own token names, e.g. "<s> C5 G4 E4 C3" for JSB
         encode = (lambda s: fmt.encode(s, meta)) if hasattr(fmt, "encode") else encode  # noqa: E731
         decode = (lambda ids: fmt.decode(ids, meta)) if hasattr(fmt, "decode") else decode  # noqa: E731
@@ -84,16 +84,33 @@ def main(argv=None):
         sys.exit(f"error: cannot encode --start={start[:40]!r}: {e}")
     if not ids:
         sys.exit("error: the prompt encodes to no tokens; give a non-empty --start")
-    x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]
+    x = torch.tensor(ids, dtype=torch.long, device=device)[None, :].repeat(args.num_samples, 1)
+    print(f"attention: {model.attention_path()}", file=sys.stderr)
     ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
     with ctx:
-        for i in range(args.num_samples):
-            y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k)
-            out = y[0].tolist()
-            print(decode(out))
-            print("---------------")
-            if args.save and fmt is not None and hasattr(fmt, "save_sample"):
-                print("wrote", fmt.save_sample(out, meta, f"{args.save}_{i}"))
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.time()
+        y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                           vocab_size=meta.get("vocab_size"), compile=args.compile)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        dt = time.time() - t0
+    for i, row in enumerate(y.tolist()):
+        print(decode(row))
+        print("---------------")
+        if args.save:
+            os.makedirs(os.path.dirname(os.path.abspath(args.save)), exist_ok=True)
+            if fmt is not None and hasattr(fmt, "save_sample"):
+                path = fmt.save_sample(row, meta, f"{args.save}_{i}")
+            else:
+                path = f"{args.save}_{i}.txt"
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(decode(row))
+            print(f"wrote {path}", file=sys.stderr)
+    n_new = args.num_samples * args.max_new_tokens
+    print(f"{n_new:,} new tokens in {dt:.2f} s: {n_new / dt:,.1f} tokens/s "
+          f"({args.num_samples} x {args.max_new_tokens}, batch {args.num_samples})", file=sys.stderr)
 
 
 if __name__ == "__main__":

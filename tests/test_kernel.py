@@ -35,8 +35,9 @@ import pope_kernel as pk  # noqa: E402
 interpreted = pytest.mark.skipif(not (INTERPRETED and pk._INTERPRET),
                                  reason="runs in the TRITON_INTERPRET=1 subprocess of test_interpreter_suite")
 parent_only = pytest.mark.skipif(INTERPRETED, reason="needs a process without TRITON_INTERPRET")
-if INTERPRETED:
-    pk._POISON = True  # every buffer the kernels must fill starts as NaN
+if INTERPRETED:  # every buffer the kernels must fill starts as NaN
+    _real_empty = pk._empty
+    pk._empty = lambda shape, like, dtype=None: _real_empty(shape, like, dtype).fill_(float("nan"))
 
 
 # ||out - ref|| / ||ref|| bounds: (output, dq/dk/dv, ddelta). float32 dots run
@@ -49,11 +50,12 @@ _RNG = random.Random()  # fresh shapes on every run; a failure prints them
 
 
 def pope_einsum_f64(q, k, v, delta, causal=True, q_offset=0, k_is_mu=False, base=10000.0):
-    """a_ts = (1/sqrt(D)) sum_c mu_q[t,c] mu_k[s,c] cos((s - t) theta_c + delta_c), in float64."""
+    """a_ts = (1/sqrt(D)) sum_c mu_q[t,c] mu_k[s,c] cos((s - t) theta_c + delta_c), in float64
+    (delta as given: bounding it is model.py's job)."""
     B, H, Tq, D = q.shape
     Tk = k.size(2)
     theta = base ** (-torch.arange(D, dtype=torch.float64) / D)
-    d = torch.clamp(delta, -2 * math.pi, 0.0)
+    d = delta
     mq = F.softplus(q)
     mk = k if k_is_mu else F.softplus(k)
     t = (q_offset + torch.arange(Tq, dtype=torch.float64))[:, None, None]
@@ -75,7 +77,7 @@ def run_both(B, H, Tq, Tk, D, dtype, causal=True, q_offset=0, k_is_mu=False, see
     q, k, v, do = (torch.randn(B, H, T, D, generator=g) for T in (Tq, Tk, Tk, Tq))
     if k_is_mu:
         k = F.softplus(k)
-    delta = torch.empty(H, D).uniform_(-8.0, 1.0, generator=g)  # partly outside [-2pi, 0]: clamped
+    delta = torch.empty(H, D).uniform_(-8.0, 1.0, generator=g)  # any phase bias: the kernel takes it as given
     kw = dict(causal=causal, q_offset=q_offset, k_is_mu=k_is_mu)
 
     def grads(fn, dt):
@@ -214,25 +216,51 @@ def test_kernels_compile_for_hopper():
     block, keep its accumulators in registers (no spills) and run its dots on
     Hopper's wgmma tensor-core instructions; other dtypes and head dims compile
     with the config used without autotuning. (About 40 s on 2 cores.)"""
+    import bench
     B, H = 1, 2
-    main = pk.aot_report([(B, H, 200, 200, 64, torch.bfloat16, True, 0, False)], all_configs=True)
+    main = bench.aot_report([(B, H, 200, 200, 64, torch.bfloat16, True, 0, False)], all_configs=True)
     kinds = {"_pope_fwd": "fwd", "_pope_bwd_dkdv": "dkdv", "_pope_bwd_dq": "dq"}
     kernels = tuple(kinds)
     for name, kind in kinds.items():
         assert len([r for r in main if r["kernel"] == name]) == len(pk._BLOCKS[kind][64])
     for r in main:
-        assert r["shared"] <= pk._HOPPER_SMEM, r
+        assert r["shared"] <= bench.HOPPER_SMEM, r
         assert r["stack"] == 0 and r["local"] == 0, f"register spills: {r}"
         assert r["wgmma"] or r["kernel"] == "_cartesian_kernel", f"no wgmma: {r}"
     # fp16, fp32 (IEEE dots), D=32 and 128, non-causal, decoding from a mu cache
-    others = pk.aot_report([(B, H, 100, 100, 128, torch.float16, True, 0, False),
+    others = bench.aot_report([(B, H, 100, 100, 128, torch.float16, True, 0, False),
                             (B, H, 50, 70, 32, torch.float32, False, 0, False),
                             (B, H, 1, 300, 64, torch.bfloat16, True, 299, True)], all_configs=False)
     for case in {r["case"] for r in others}:
         names = {r["kernel"] for r in others if r["case"] == case}
         assert names == ({"_cartesian_kernel", "_pope_fwd"} if "Tq=1 " in case else
                          {"_cartesian_kernel", *kernels}), (case, names)
-    assert all(r["shared"] <= pk._HOPPER_SMEM for r in others)
+    assert all(r["shared"] <= bench.HOPPER_SMEM for r in others)
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_equals_the_pytorch_path_of_model_py(dtype):
+    """The fused kernel and model.py's PoPE code agree on the same inputs, forward
+    and gradients, with delta bounded as the model bounds it (a variant edited in
+    one and not in the other fails here)."""
+    from model import pope_attention_torch, pope_delta
+    seed = _RNG.randrange(2**31)
+    g = torch.Generator().manual_seed(seed)
+    Tq, off, D = _odd(2, 30), _RNG.choice([0, _odd(1, 20)]), _RNG.choice([32, 64])
+    q, do = (torch.randn(2, 2, Tq, D, generator=g).to(dtype) for _ in range(2))
+    k, v = (torch.randn(2, 2, Tq + off, D, generator=g).to(dtype) for _ in range(2))
+    delta = torch.empty(2, D).uniform_(-8.0, 1.0, generator=g)
+
+    def run(fn):
+        xs = [x.clone().requires_grad_(True) for x in (q, k, v, delta)]
+        out = fn(xs[0], xs[1], xs[2], pope_delta(xs[3]), q_offset=off)
+        return [out] + list(torch.autograd.grad(out, xs, do))
+
+    got, ref = run(pk.pope_attention), run(pope_attention_torch)
+    for name, a, b in zip(["out", "dq", "dk", "dv", "ddelta"], got, ref):
+        bound = BOUND[dtype][0 if name == "out" else 2 if name == "ddelta" else 1] * (1 if dtype == torch.float32 else 2)
+        assert rel_err(a, b) < bound, f"seed {seed}: {name} differs, rel err {rel_err(a, b):.2e} (Tq={Tq} off={off} D={D})"
 
 
 @interpreted
@@ -292,6 +320,34 @@ def test_backward_holds_one_2d_long_copy_at_a_time(monkeypatch):
     made.clear()  # the forward's keys are gone by now too, but only the backward is asserted
     out.sum().backward()
     assert len(made) == 2
+
+
+@interpreted
+def test_cached_decoding_on_the_kernel_equals_recompute():
+    """generate() with attn_impl='triton': the prompt and every one-token step (Tq = 1,
+    q_offset = position, magnitudes from the cache) run on the kernel, and give the
+    greedy tokens of recomputing from scratch with model.py's PyTorch path."""
+    from model import GPT, GPTConfig
+    torch.manual_seed(_RNG.randrange(2**31))
+    cfg = dict(n_layer=2, n_head=2, n_embd=64, block_size=24, vocab_size=50, pope_delta_init="uniform")
+    kern = GPT(GPTConfig(attn_impl="triton", **cfg)).eval()
+    ref = GPT(GPTConfig(attn_impl="torch", **cfg)).eval()
+    ref.load_state_dict(kern.state_dict())
+    calls = []
+    real = pk._fwd
+    pk._fwd = lambda *a, **kw: calls.append(a[0].size(2)) or real(*a, **kw)
+    try:
+        idx = torch.randint(0, 50, (2, 5))
+        out = kern.generate(idx, 10, temperature=0.0)
+    finally:
+        pk._fwd = real
+    assert calls.count(1) == 2 * 9 and calls.count(5) == 2  # 9 one-token steps x 2 layers, one prompt
+    want = idx
+    with torch.no_grad():
+        for _ in range(10):
+            logits, _ = ref(want)
+            want = torch.cat([want, logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, want)
 
 
 @interpreted

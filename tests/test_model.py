@@ -6,8 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig, apply_rope, yarn_inv_freq
-from pope_kernel import pope_attention_reference, pope_cartesian
+from model import GPT, GPTConfig, apply_rope, pope_attention_torch, pope_cartesian, pope_delta, yarn_inv_freq
+
+
+def pope_attention_reference(q, k, v, delta, **kw):  # what the model runs: delta bounded, then the attention
+    return pope_attention_torch(q, k, v, pope_delta(delta), **kw)
 
 
 def pope_loop_f64(q, k, v, delta, causal, q_offset, base=10000.0, k_is_mu=False):
@@ -136,6 +139,73 @@ def test_kv_cache_generation_equals_recompute(pos_emb):
         logits, _ = model(ref[:, -16:])
         ref = torch.cat([ref, logits[:, -1].argmax(-1, keepdim=True)], 1)
     assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("pos_emb", ["pope", "rope", "none"])
+def test_static_cache_steps_equal_recompute(pos_emb):
+    """The one-token steps generate(compile=True) compiles (static cache, position
+    as a tensor, a mask over the whole cache), run here uncompiled: the same greedy
+    tokens as recomputing from scratch, across the crop at block_size."""
+    from model import KVCache
+    model = tiny(pos_emb)
+    idx = torch.randint(0, 37, (2, 5))
+    out, cache = idx, None
+    for _ in range(20):
+        if cache is None or cache.pos + 1 > 16:
+            cache = KVCache(2, 2, 2, 16, 16, "cpu", torch.float64)
+            logits, _ = model(out[:, -16:], cache=cache)
+        else:
+            cache.static = True
+            cache.pos_t.fill_(cache.pos)
+            logits, _ = model(out[:, -1:], cache=cache)
+            cache.static, cache.pos = False, cache.pos + 1
+        out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], 1)
+    ref = idx
+    for _ in range(20):
+        logits, _ = model(ref[:, -16:])
+        ref = torch.cat([ref, logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, ref)
+
+
+def test_sampling_never_draws_padding_ids():
+    """A padded vocabulary (64 rows, 37 real ids), random weights, temperature 2:
+    no id >= the real vocabulary in 4 x 300 draws."""
+    seed = torch.seed() % 2**31
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64, attn_impl="torch")).eval()
+    with torch.no_grad():
+        model.lm_head.weight[37:] += 5.0  # make the padding rows the likeliest
+    out = model.generate(torch.zeros(4, 1, dtype=torch.long), 300, temperature=2.0, top_k=64, vocab_size=37)
+    assert out.max().item() < 37, f"seed {seed}"
+    out = model.generate(torch.zeros(4, 1, dtype=torch.long), 20, temperature=0.0, vocab_size=37)
+    assert out.max().item() < 37, f"seed {seed}"
+
+
+def test_cache_dtype_follows_autocast():
+    from model import KVCache
+    model = tiny("pope").float()
+    seen = []
+    real = KVCache.__init__
+
+    def spy(self, *a, **kw):
+        real(self, *a, **kw)
+        seen.append(self.k[0].dtype)
+    KVCache.__init__ = spy
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model.generate(torch.zeros(1, 3, dtype=torch.long), 2, top_k=1)
+        model.generate(torch.zeros(1, 3, dtype=torch.long), 2, top_k=1)
+    finally:
+        KVCache.__init__ = real
+    assert seen == [torch.bfloat16, torch.float32]
+
+
+def test_batched_samples_equal_single_samples_when_greedy():
+    model = tiny("pope")
+    prompt = torch.randint(0, 37, (1, 4))
+    batch = model.generate(prompt.repeat(3, 1), 12, temperature=0.0)
+    single = model.generate(prompt, 12, temperature=0.0)
+    assert all(torch.equal(row, single[0]) for row in batch)
 
 
 def test_pope_cache_holds_magnitudes():

@@ -1,0 +1,380 @@
+"""
+Benchmarks and GPU checks for the PoPE kernel and the model.
+
+Usage:
+    python bench.py kernel     # PoPE kernel vs PyTorch path, RoPE+SDPA, SDPA d=128 (fwd, fwd+bwd eager and graphed)
+    python bench.py check      # kernel forward + 4 gradients vs float64 on the GPU, bitwise determinism
+    python bench.py train      # 124M training step, PoPE (kernel / PyTorch path) vs RoPE, compiled
+    python bench.py sample     # decoding tokens/s, PoPE vs RoPE, 124M, batch 1 and 8, eager and compiled
+    python bench.py aot        # no GPU needed: compile every kernel config for sm_90; registers, spills, shared memory
+
+Every table is printed with the GPU, torch and triton versions; RESULTS.md
+quotes them with their command and date. Timings are medians of
+triton.testing.do_bench (CUDA events, L2 flushed) or of CUDA-event-timed steps.
+"""
+
+import argparse
+import subprocess
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+import pope_kernel as pk
+from model import GPT, GPTConfig, pope_attention_torch, pope_delta
+
+
+def kernel_attention(q, k, v, delta, **kw):  # what model.py runs on CUDA
+    return pk.pope_attention(q, k, v, pope_delta(delta), **kw)
+
+
+def torch_attention(q, k, v, delta, **kw):  # model.py's PyTorch path
+    return pope_attention_torch(q, k, v, pope_delta(delta), **kw)
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def inputs(B, H, Tq, Tk, D, dtype, device="cuda", seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    q, k, v = (torch.randn(B, H, T, D, device=device, dtype=dtype, generator=g) for T in (Tq, Tk, Tk))
+    delta = torch.rand(H, D, device=device, generator=g) * -7.0 + 0.5  # partly outside [-2pi, 0]
+    do = torch.randn(B, H, Tq, D, device=device, dtype=dtype, generator=g)
+    return q, k, v, delta, do
+
+
+def grads(fn, q, k, v, delta, do, dtype=None, **kw):
+    xs = [x.detach().to(dtype or x.dtype).requires_grad_(True) for x in (q, k, v)]
+    xs.append(delta.detach().clone().to(torch.float64 if dtype == torch.float64 else delta.dtype).requires_grad_(True))
+    out = fn(*xs, **kw)
+    return [out.detach()] + list(torch.autograd.grad(out, xs, do.to(out.dtype)))
+
+
+def header(what):
+    print(f"# {what}: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"triton {__import__('triton').__version__}, {time.strftime('%Y-%m-%d')}", flush=True)
+
+
+# -----------------------------------------------------------------------------
+# kernel correctness on the GPU
+
+def check():
+    """Forward and the four gradients against float64, with untuned (first)
+    configs, outputs that start as NaN, and a bitwise determinism check."""
+    real_empty, real_autotune = pk._empty, pk._AUTOTUNE
+    pk._empty = lambda shape, like, dtype=None: real_empty(shape, like, dtype).fill_(float("nan"))
+    pk._AUTOTUNE = False
+    bound = {torch.float32: (1e-5, 1e-5), torch.float16: (3e-3, 5e-3), torch.bfloat16: (1e-2, 2e-2)}
+    cases = [  # B, H, Tq, Tk, D, dtype, causal, q_offset, k_is_mu
+        (2, 3, 300, 300, 64, torch.bfloat16, True, 0, False),
+        (2, 3, 300, 300, 64, torch.float16, True, 0, False),
+        (2, 3, 300, 300, 64, torch.float32, True, 0, False),
+        (1, 2, 257, 257, 32, torch.bfloat16, True, 0, False),
+        (1, 2, 257, 257, 128, torch.bfloat16, True, 0, False),
+        (2, 2, 200, 333, 64, torch.bfloat16, False, 0, False),
+        (2, 2, 100, 357, 64, torch.bfloat16, True, 257, False),
+        (2, 2, 1, 1000, 64, torch.bfloat16, True, 999, True),
+        (2, 2, 1, 1000, 128, torch.bfloat16, True, 999, True),
+    ]
+    header("kernel check vs float64")
+    ok = True
+    try:
+        for B, H, Tq, Tk, D, dtype, causal, off, kmu in cases:
+            q, k, v, delta, do = inputs(B, H, Tq, Tk, D, dtype, seed=Tq * Tk + D)
+            if kmu:
+                k = F.softplus(k.float()).to(dtype)
+            kw = dict(causal=causal, q_offset=off, k_is_mu=kmu)
+            ref = grads(torch_attention, q, k, v, delta, do, torch.float64, **kw)
+            got = grads(kernel_attention, q, k, v, delta, do, **kw)
+            again = grads(kernel_attention, q, k, v, delta, do, **kw)
+            errs = [rel(a, b) for a, b in zip(got, ref)]
+            same = all(torch.equal(a, b) for a, b in zip(got, again))
+            good = same and all(e == e and e < bound[dtype][i > 0] for i, e in enumerate(errs))
+            ok &= good
+            print(f"{'ok ' if good else 'BAD'} B={B} H={H} Tq={Tq} Tk={Tk} D={D} {str(dtype)[6:]:8s} causal={causal:d} "
+                  f"off={off} k_is_mu={kmu:d}  rel err out/dq/dk/dv/ddelta "
+                  + " ".join(f"{e:.1e}" for e in errs) + f"  bitwise-deterministic={same}", flush=True)
+    finally:
+        pk._empty, pk._AUTOTUNE = real_empty, real_autotune
+    return ok
+
+
+# -----------------------------------------------------------------------------
+# kernel speed
+
+def bench_ms(fn, grad_to_none=None):
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median")
+
+
+def graph_ms(step, leaves):
+    """Median time of one CUDA graph replay of step() (warm: tuned, compiled)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            for x in leaves:
+                x.grad = None
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    for x in leaves:
+        x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return bench_ms(graph.replay)
+
+
+def peak_mb(fn):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def rope(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
+    dtype = torch.bfloat16
+    header("attention, causal, bf16, median ms")
+    print("# fwd+bwd twice: eager (Python, autograd and launch overhead included) and as one CUDA graph replay")
+    print(f"{'path':26s} {'B,H,T,D':14s} {'fwd':>7s} {'fwd+bwd':>8s} {'graph':>7s} {'TFLOP/s':>8s} {'peak MB':>8s}")
+    rows = []
+    for B, H, T, D in shapes:
+        q, k, v, delta, do = inputs(B, H, T, T, D, dtype, seed=T)
+        q2, k2, v2, _, do2 = inputs(B, H, T, T, 2 * D, dtype, seed=T + 1)
+        inv = 1.0 / 10000.0 ** (torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D)
+        ang = torch.arange(T, device="cuda", dtype=torch.float32)[:, None] * inv[None, :]
+        cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+        ref = grads(torch_attention, q, k, v, delta, do, torch.float32)
+        got = grads(kernel_attention, q, k, v, delta, do)
+        print(f"{'  kernel vs fp32 path':26s} {f'{B},{H},{T},{D}':14s} rel err out/dq/dk/dv/ddelta "
+              + " ".join(f"{rel(a, b):.1e}" for a, b in zip(got, ref)), flush=True)
+        del ref, got
+        leaves = [x.requires_grad_(True) for x in (q, k, v, delta, q2, k2, v2)]
+        paths = {  # name: (fn, depth of the score dot, depth of PV, dO)
+            "pope kernel": (lambda: kernel_attention(q, k, v, delta), 2 * D, D, do),
+            "pope torch (cart.+SDPA)": (lambda: torch_attention(q, k, v, delta), 2 * D, D, do),
+            f"rope+SDPA d={D}": (lambda: F.scaled_dot_product_attention(rope(q, cos, sin), rope(k, cos, sin), v,
+                                                                       is_causal=True), D, D, do),
+            f"SDPA d={2 * D}": (lambda: F.scaled_dot_product_attention(q2, k2, v2, is_causal=True), 2 * D, 2 * D, do2),
+        }
+        for name, (f, dqk, dv_, g) in paths.items():
+            flops = B * H * T * T * (dqk + dv_) + B * H * T * T * (3 * dqk + 2 * dv_)  # causal halves 2x
+            with torch.no_grad():
+                t_f = bench_ms(f)
+            t_fb = bench_ms(lambda: f().backward(g), grad_to_none=leaves)
+            mem = peak_mb(lambda: f().backward(g))
+            t_g = graph_ms(lambda: f().backward(g), leaves)
+            for x in leaves:
+                x.grad = None
+            rows.append(dict(path=name, shape=(B, H, T, D), fwd=t_f, fwdbwd=t_fb, graph=t_g, peak_mb=mem))
+            print(f"{name:26s} {f'{B},{H},{T},{D}':14s} {t_f:7.3f} {t_fb:8.3f} {t_g:7.3f} "
+                  f"{flops / t_g * 1e-9:8.1f} {mem:8.0f}", flush=True)
+        paths = leaves = q = k = v = q2 = k2 = v2 = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+# -----------------------------------------------------------------------------
+# model: training step and decoding
+
+def gpt124m(pos_emb, attn_impl="auto", block_size=1024):
+    return GPT(GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=block_size, pos_emb=pos_emb,
+                         attn_impl=attn_impl)).cuda()
+
+
+def train(steps=40, warmup=15, B=16, T=1024):
+    """One optimizer step of the 124M model on random tokens, as train.py runs it
+    (bf16 autocast, torch.compile, fused AdamW, grad clip), median of CUDA-event
+    timed steps after warm-up."""
+    header(f"124M training step, batch {B} x {T}, compiled, bf16")
+    for pos_emb, impl in (("rope", "auto"), ("pope", "triton"), ("pope", "torch")):
+        torch.manual_seed(0)
+        model = gpt124m(pos_emb, impl, T)
+        opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cuda")
+        step_model = torch.compile(model)
+        x = torch.randint(0, 50257, (B, T), device="cuda")
+        times = []
+        for i in range(warmup + steps):
+            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0.record()
+            with torch.autocast("cuda", torch.bfloat16):
+                _, loss = step_model(x, x)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            t1.record()
+            t1.synchronize()
+            if i >= warmup:
+                times.append(t0.elapsed_time(t1))
+        ms = sorted(times)[len(times) // 2]
+        print(f"{pos_emb:5s} attn_impl={impl:7s} {ms:7.2f} ms/step  {B * T / ms * 1e3:10,.0f} tok/s  "
+              f"loss {loss.item():.3f}", flush=True)
+        del model, opt, step_model
+
+
+def sample_bench(n_new=128):
+    """Decoding of the 124M model (random weights: speed only), bf16 autocast: the
+    prompt fills the context up to n_new tokens before its end, then n_new tokens
+    are generated. Prefill ms and decode tokens/s (new tokens of all rows), PoPE
+    and RoPE side by side, eager and compiled (static cache + CUDA graphs)."""
+    header(f"decoding, 124M, random weights, bf16, {n_new} new tokens at the end of the context")
+    print(f"{'model':5s} {'context':>7s} {'batch':>5s} {'mode':8s} {'prefill ms':>10s} {'decode tok/s':>12s} "
+          f"{'cache bytes/token':>17s}", flush=True)
+    for T in (1024, 8192):
+        for pos_emb in ("rope", "pope"):
+            torch.manual_seed(0)
+            model = gpt124m(pos_emb, block_size=T).eval()
+            for B in (1, 8):
+                prompt = torch.randint(0, 50257, (B, T - n_new), device="cuda")
+                for compiled in (False, True):
+                    def run(n):
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        with torch.autocast("cuda", torch.bfloat16):
+                            model.generate(prompt, n, temperature=1.0, top_k=200, vocab_size=50257,
+                                           compile=compiled)
+                        torch.cuda.synchronize()
+                        return time.perf_counter() - t0
+                    run(n_new)  # warm-up: compile, tuning, CUDA graph capture
+                    t1, tn = min(run(1) for _ in range(3)), min(run(n_new) for _ in range(2))
+                    cache_bytes = 2 * model.config.n_layer * model.config.n_embd * 2  # k and v, bf16
+                    print(f"{pos_emb:5s} {T:7d} {B:5d} {'compiled' if compiled else 'eager':8s} {t1 * 1e3:10.1f} "
+                          f"{B * (n_new - 1) / (tn - t1):12,.0f} {cache_bytes:17,d}", flush=True)
+            model = None
+            torch.cuda.empty_cache()
+    ttft()
+
+
+def ttft():
+    """Time to the first new token after the checkpoint is loaded, in a fresh
+    `python sample.py` process: cold (empty Triton cache) and warm (its files on disk)."""
+    import os
+    import sys
+    with tempfile.TemporaryDirectory() as d:
+        for pos_emb in ("pope", "rope"):
+            torch.manual_seed(0)
+            model = gpt124m(pos_emb)
+            ckpt = {"model": model.state_dict(), "model_args": {**vars(model.config)},
+                    "meta": {"tokenizer": "gpt2", "vocab_size": 50257, "dtype": "uint16"}, "config": {}}
+            torch.save(ckpt, os.path.join(d, f"{pos_emb}.pt"))
+            env = dict(os.environ, TRITON_CACHE_DIR=os.path.join(d, f"triton-{pos_emb}"))
+            for kind in ("cold", "warm"):
+                r = subprocess.run([sys.executable, "sample.py", f"--ckpt={d}/{pos_emb}.pt", "--max_new_tokens=1",
+                                    "--num_samples=1", "--start=" + "The meaning of life is " * 20],
+                                   capture_output=True, text=True, env=env)
+                line = [x for x in r.stderr.splitlines() if "new tokens in" in x]
+                print(f"time to first token, {pos_emb}, {kind} Triton cache: "
+                      + (line[0].split(" in ")[1].split(":")[0] if line else "FAILED " + r.stderr[-300:]), flush=True)
+
+
+# -----------------------------------------------------------------------------
+# sm_90 compile report (no GPU needed)
+
+HOPPER_SMEM = 232448  # sm_90's largest shared memory per block (227 KB, opt-in)
+
+
+def _aot_compile(kernel_fn, args, kwargs, target):
+    """Compile a @triton.jit kernel for `target` exactly as launching it with these
+    arguments would (same signature, constexprs and 16-byte alignment attributes),
+    without a GPU: Triton's own binder specialises the arguments, then ptxas runs."""
+    import triton
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+    backend = make_backend(target)
+    kwargs = dict(kwargs, debug=False)
+    bound, spec, opts = create_function_from_signature(kernel_fn.signature, kernel_fn.params, backend)(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel_fn._pack_args(backend, kwargs, bound, spec, opts)
+    return triton.compile(ASTSource(kernel_fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+def _resources(compiled):
+    """Registers, stack (spills) and local memory of a compiled kernel, read from its cubin."""
+    import triton
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        out = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name],
+                             capture_output=True, text=True, check=True).stdout
+    fields = dict(w.split(":", 1) for w in out.split() if w.split(":", 1)[0] in ("REG", "STACK", "LOCAL"))
+    return {k.lower(): int(v) for k, v in fields.items()}
+
+
+def aot_report(cases, all_configs=True, capability=90):
+    """Compile every kernel that the forward and backward of each case launch, for
+    an sm_<capability> GPU, on any machine (CPU tensors stand in for the GPU ones).
+    With all_configs, every autotuning config of the head dim; else the launch's
+    own (the first, as with POPE_AUTOTUNE=0). Returns one dict per compile."""
+    import triton
+    target = triton.backends.compiler.GPUTarget("cuda", capability, 64)
+    rows, case = [], None
+
+    def record(kernel_fn, args, kwargs, config):
+        c = _aot_compile(kernel_fn, args, kwargs, target)
+        rows.append(dict(kernel=kernel_fn.fn.__name__, case=case, config=config, shared=c.metadata.shared,
+                         wgmma="wgmma" in c.asm["ptx"], **_resources(c)))
+
+    def launch(kernel_fn, tuned, blocks, grid, args, kwargs):
+        # blocks is None where the launch would autotune: then every config its autotuner would try
+        configs = [blocks] if blocks else [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+                                           for c in tuned.early_config_prune(tuned.configs, {}, **kwargs)]
+        for bm, bn, w, st in configs:
+            record(kernel_fn, args, dict(kwargs, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st), (bm, bn, w, st))
+
+    class Prepass:  # stands in for _cartesian_kernel[grid](...)
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: record(real_prepass, args, dict(kwargs), None)
+
+    saved = pk._launch, pk._cartesian_kernel, pk._AUTOTUNE
+    real_prepass = saved[1]
+    pk._launch, pk._cartesian_kernel, pk._AUTOTUNE = launch, Prepass(), all_configs
+    try:
+        for B, H, Tq, Tk, D, dtype, causal, q_offset, k_is_mu in cases:
+            case = f"D={D} {str(dtype)[6:]} Tq={Tq} Tk={Tk}" + (" k_is_mu" if k_is_mu else "")
+            q, do = (torch.randn(B, H, Tq, D, dtype=dtype) for _ in range(2))
+            k, v = (torch.randn(B, H, Tk, D, dtype=dtype) for _ in range(2))
+            args = (torch.zeros(H, D), causal, D ** -0.5, 10000.0, q_offset, k_is_mu)
+            out, lse = pk._fwd(q, k, v, *args)
+            if Tq > pk._DECODE_MAX_TQ:
+                pk._bwd(do, q, k, v, *args[:1], out, lse, *args[1:])
+    finally:
+        pk._launch, pk._cartesian_kernel, pk._AUTOTUNE = saved
+    return rows
+
+
+def aot():
+    import triton
+    print(f"# triton {triton.__version__}, sm_90; stack = bytes of spills; shared of {HOPPER_SMEM} per block")
+    for D in (64, 128):
+        for r in aot_report([(1, 2, 256, 256, D, torch.bfloat16, True, 0, False),
+                             (1, 2, 1, 256, D, torch.bfloat16, True, 255, True)]):
+            print(f"{r['kernel']:20s} {r['case']:34s} {str(r['config']):18s} regs {r['reg']:3d} "
+                  f"stack {r['stack']:4d} shared {r['shared']:6d} wgmma {r['wgmma']}", flush=True)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", nargs="+", choices=["kernel", "check", "train", "sample", "aot"],
+                    help="one or more benchmarks, run in the order given")
+    a = ap.parse_args()
+    for what in a.what:
+        if what == "aot":
+            aot()
+            continue
+        if not torch.cuda.is_available():
+            raise SystemExit(f"error: 'bench.py {what}' needs a CUDA GPU ('bench.py aot' does not)")
+        if what == "check" and not check():
+            raise SystemExit("error: kernel check FAILED")
+        if what in ("kernel", "train"):
+            globals()[what]()
+        if what == "sample":
+            sample_bench()
