@@ -26,6 +26,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 from contextlib import nullcontext
@@ -36,6 +37,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import GPT, GPTConfig
+from prepare.common import PrepareError, check_dataset
 
 # -----------------------------------------------------------------------------
 # defaults: the paper's OpenWebText setup at 124M (RMSNorm, head dim 64, batch
@@ -91,13 +93,20 @@ compile = False  # torch.compile the model
 # launches; 2.6x (RoPE) and 4x (PoPE) faster steps for the indirect-indexing model on an H200) | "max-autotune"
 compile_mode = "default"
 peak_flops = 989e12  # for MFU: dense bf16 peak of an H100/H200
+overwrite = False  # a new run (scratch or fine-tune) may replace out_dir's checkpoint and log
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))]
 
 
+MODEL_KEYS = ["n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "pos_emb", "pope_base", "rope_base",
+              "pope_delta_init", "attn_impl", "rope_scaling", "rope_scaling_orig_len"]
+RESUME_MAY_CHANGE = ("attn_impl", "dropout")  # model keys a resumed run may set anew
+
+
 def configure(argv, defaults):
-    """Apply a config file and --key=value overrides to a dict of defaults."""
-    cfg = dict(defaults)
+    """Apply a config file and --key=value overrides to a dict of defaults.
+    Returns (cfg, the set of keys the user set)."""
+    cfg, given = dict(defaults), set()
 
     def set_key(key, val, where):
         if key not in cfg:
@@ -111,6 +120,7 @@ def configure(argv, defaults):
             sys.exit(f"error: config key '{key}' ({where}) must be {want.__name__} "
                      f"(default {defaults[key]!r}), got {type(val).__name__} {val!r}")
         cfg[key] = val
+        given.add(key)
 
     for arg in argv:
         if arg in ("-h", "--help"):
@@ -136,7 +146,48 @@ def configure(argv, defaults):
             except (SyntaxError, ValueError):
                 pass  # a bare string, e.g. --dataset=jsb
             set_key(key, val, f"--{key}")
-    return cfg
+    return cfg, given
+
+
+def config_problems(c):
+    """Every nonsense setting, one line each (empty list: all fine)."""
+    checks = [
+        (c["batch_size"] >= 1, "batch_size must be >= 1"),
+        (c["gradient_accumulation_steps"] >= 1, "gradient_accumulation_steps must be >= 1"),
+        (c["block_size"] >= 1, "block_size must be >= 1"),
+        (c["max_iters"] >= 0, "max_iters must be >= 0"),
+        (c["eval_interval"] >= 1, "eval_interval must be >= 1"),
+        (c["log_interval"] >= 1, "log_interval must be >= 1"),
+        (c["eval_iters"] >= 1, "eval_iters must be >= 1"),
+        (c["learning_rate"] > 0 and math.isfinite(c["learning_rate"]), "learning_rate must be a finite number > 0"),
+        (0 <= c["min_lr"] <= c["learning_rate"], "min_lr must be in [0, learning_rate]"),
+        (c["warmup_iters"] >= 0, "warmup_iters must be >= 0"),
+        (c["lr_decay_iters"] >= 1, "lr_decay_iters must be >= 1"),
+        (c["weight_decay"] >= 0, "weight_decay must be >= 0"),
+        (0 <= c["beta1"] < 1 and 0 <= c["beta2"] < 1, "beta1 and beta2 must be in [0, 1)"),
+        (c["grad_clip"] >= 0, "grad_clip must be >= 0 (0 disables clipping)"),
+        (0 <= c["dropout"] < 1, "dropout must be in [0, 1)"),
+        (c["n_layer"] >= 1 and c["n_head"] >= 1 and c["n_embd"] >= 1, "n_layer, n_head and n_embd must be >= 1"),
+        (c["n_head"] < 1 or c["n_embd"] % c["n_head"] == 0, "n_embd must be divisible by n_head"),
+        (c["pope_base"] > 1 and c["rope_base"] > 1, "pope_base and rope_base must be > 1 (the paper's: 10000)"),
+        (c["pos_emb"] in ("pope", "rope", "none"), "pos_emb must be pope, rope or none"),
+        (c["pope_delta_init"] in ("zero", "uniform"), "pope_delta_init must be zero or uniform"),
+        (c["attn_impl"] in ("auto", "torch", "triton"), "attn_impl must be auto, torch or triton"),
+        (c["rope_scaling"] >= 1, "rope_scaling must be >= 1 (1 = no YaRN)"),
+        (c["rope_scaling_orig_len"] >= 0, "rope_scaling_orig_len must be >= 0 (0 = block_size)"),
+        (c["dtype"] in ("auto", "float32", "bfloat16", "float16"), "dtype must be auto, float32, bfloat16 or float16"),
+        (c["compile_mode"] in ("default", "reduce-overhead", "max-autotune"),
+         "compile_mode must be default, reduce-overhead or max-autotune"),
+        (c["peak_flops"] > 0, "peak_flops must be > 0"),
+        (all(s in ("train", "val", "test") for s in c["eval_splits"].split(",")),
+         "eval_splits must be a comma-separated list of train, val, test"),
+    ]
+    return [f"{msg} (got {_settings(c, msg)})" for ok, msg in checks if not ok]
+
+
+def _settings(c, msg):
+    # the values a problem line is about: every key the message names
+    return ", ".join(f"{k}={c[k]!r}" for k in c if re.search(rf"\b{k}\b", msg))
 
 
 # -----------------------------------------------------------------------------
@@ -150,34 +201,29 @@ class Data:
     run draws exactly the batches the uninterrupted run would have, and N DDP
     ranks together draw exactly the global batch of one process."""
 
-    def __init__(self, data_dir, block_size):
-        meta_path = os.path.join(data_dir, "meta.json")
-        name = os.path.basename(os.path.normpath(data_dir))
-        if not os.path.isfile(meta_path):
-            raise SystemExit(f"error: no dataset at {data_dir} (missing meta.json). "
-                             f"Create it with: python prepare/{name}.py (see README.md, Data)")
+    def __init__(self, data_dir, block_size, splits):
+        try:  # every split's size, dtype, rows, mask and largest id against meta.json, once
+            self.meta = check_dataset(data_dir, splits)
+        except PrepareError as e:
+            raise SystemExit(f"error: {e}") from None
         self.dir = data_dir
-        self.meta = json.load(open(meta_path))
-        self.dtype = np.dtype(self.meta.get("dtype", "uint16"))
+        self.dtype = np.dtype(self.meta["dtype"])
         self.row_len = self.meta.get("row_len")
         if self.row_len and block_size < self.row_len - 1:
             raise SystemExit(f"error: dataset rows hold {self.row_len} tokens, so block_size must be at least "
                              f"{self.row_len - 1}; got block_size={block_size}")
         self.T = self.row_len - 1 if self.row_len else block_size
+        for split in splits:
+            n, need = len(self.arrays(split)[0]), self.row_len or self.T + 1
+            if n < need:
+                raise SystemExit(f"error: {data_dir}/{split}.bin holds {n} tokens, fewer than one sequence "
+                                 f"({need}); use a smaller block_size or a larger split")
 
     def arrays(self, split):
-        path = os.path.join(self.dir, f"{split}.bin")
-        if not os.path.isfile(path):
-            raise SystemExit(f"error: {path} not found; re-run the prepare script for this dataset")
         # a fresh memmap per batch, as nanoGPT does, avoids a memory leak
-        data = np.memmap(path, dtype=self.dtype, mode="r")
+        data = np.memmap(os.path.join(self.dir, f"{split}.bin"), dtype=self.dtype, mode="r")
         mpath = os.path.join(self.dir, f"{split}_mask.bin")
         mask = np.memmap(mpath, dtype=np.uint8, mode="r") if os.path.isfile(mpath) else None
-        if mask is not None and len(mask) != len(data):
-            raise SystemExit(f"error: {mpath} has {len(mask)} entries but {path} has {len(data)}")
-        need = self.row_len if self.row_len else self.T + 1
-        if len(data) < need:
-            raise SystemExit(f"error: {path} holds {len(data)} tokens, fewer than one sequence ({need})")
         return data, mask
 
     def num_sequences(self, split):
@@ -266,8 +312,62 @@ def save_atomic(obj, path):
     os.replace(tmp, path)
 
 
+def save_json(obj, path):
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def resume_config(cfg, given, defaults):
+    """For init_from=resume: the checkpoint and the run's saved config, with every
+    key the user set on top (a model key that disagrees with the checkpoint is an
+    error); for a fine-tune (init_from=path.pt): its checkpoint. Else None."""
+    if cfg["init_from"] == "scratch":
+        return cfg, None
+    path = os.path.join(cfg["out_dir"], "ckpt.pt") if cfg["init_from"] == "resume" else cfg["init_from"]
+    if cfg["init_from"] != "resume" and not path.endswith(".pt"):
+        sys.exit(f"error: init_from must be 'scratch', 'resume' or a path to a .pt checkpoint, got {path!r}")
+    if not os.path.isfile(path):
+        sys.exit(f"error: checkpoint {path} not found; train first, or fix out_dir / init_from")
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain types only: no code runs
+    if cfg["init_from"] != "resume":
+        return cfg, ckpt
+    clash = [f"{k}={cfg[k]!r} (checkpoint: {ckpt['model_args'][k]!r})" for k in MODEL_KEYS
+             if k in given and k not in RESUME_MAY_CHANGE and cfg[k] != ckpt["model_args"][k]]
+    if clash:
+        sys.exit(f"error: --init_from=resume continues {path}, whose model differs: {', '.join(clash)}. "
+                 f"Drop those settings, or start a new run with another --out_dir")
+    merged = dict(defaults)
+    merged.update({k: v for k, v in ckpt["config"].items() if k in defaults})
+    merged.update({k: cfg[k] for k in given})
+    return merged, ckpt
+
+
+def rng_states():
+    """This process's RNG states as plain lists and tensors (a checkpoint then
+    loads with weights_only=True)."""
+    py = random.getstate()
+    npy = np.random.get_state(legacy=False)
+    npy["state"]["key"] = npy["state"]["key"].tolist()
+    return {"python": [py[0], list(py[1]), py[2]], "numpy": npy, "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None}
+
+
+def set_rng_states(st, device_type):
+    random.setstate((st["python"][0], tuple(st["python"][1]), st["python"][2]))
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["torch"])
+    if device_type == "cuda" and st["cuda"] is not None:
+        torch.cuda.set_rng_state(st["cuda"])
+
+
 def main(argv):
-    cfg = configure(argv, {k: globals()[k] for k in config_keys})
+    defaults = {k: globals()[k] for k in config_keys}
+    cfg, given = configure(argv, defaults)
+    cfg, ckpt = resume_config(cfg, given, defaults)
+    problems = config_problems(cfg)
+    if problems:
+        sys.exit("error: bad settings:\n  " + "\n  ".join(problems))
 
     # distributed setup
     ddp = int(os.environ.get("RANK", -1)) != -1
@@ -278,13 +378,13 @@ def main(argv):
         sys.exit("error: device='cuda' but CUDA is not available here; pass --device=cpu")
     if ddp:
         rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+        if cfg["gradient_accumulation_steps"] % world:
+            sys.exit(f"error: gradient_accumulation_steps={cfg['gradient_accumulation_steps']} must be divisible "
+                     f"by the number of processes ({world})")
         dist.init_process_group(backend="nccl" if dev.startswith("cuda") else "gloo")
         if dev.startswith("cuda"):
             dev = f"cuda:{local_rank}"
             torch.cuda.set_device(dev)
-        if cfg["gradient_accumulation_steps"] % world:
-            sys.exit(f"error: gradient_accumulation_steps={cfg['gradient_accumulation_steps']} must be divisible "
-                     f"by the number of processes ({world})")
     else:
         rank, world = 0, 1
     master = rank == 0
@@ -293,63 +393,57 @@ def main(argv):
     dt = cfg["dtype"]
     if dt == "auto":
         dt = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    if dt not in ("float32", "bfloat16", "float16"):
-        sys.exit(f"error: dtype must be auto, float32, bfloat16 or float16; got {dt!r}")
-    if cfg["compile_mode"] not in ("default", "reduce-overhead", "max-autotune"):
-        sys.exit(f"error: compile_mode must be default, reduce-overhead or max-autotune; got {cfg['compile_mode']!r}")
     ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dt]
     ctx = nullcontext() if dt == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
+    # data (checked before anything is written) and the run's folder
+    splits = [s for s in cfg["eval_splits"].split(",") if s]
+    data = Data(os.path.join(cfg["data_dir"], cfg["dataset"]), cfg["block_size"],
+                sorted(set(splits) | ({"train"} if not cfg["eval_only"] else set())))
     out_dir = cfg["out_dir"]
+    ckpt_path = os.path.join(out_dir, "ckpt.pt")
+    log_path = os.path.join(out_dir, "metrics.jsonl")
+    if cfg["init_from"] != "resume" and not cfg["overwrite"]:
+        old = [p for p in (ckpt_path, log_path) if os.path.exists(p)]
+        if old:
+            sys.exit(f"error: {' and '.join(old)} already exist: continue that run with --init_from=resume, "
+                     f"or pick a fresh --out_dir (--overwrite=True replaces them)")
     if master:
         os.makedirs(out_dir, exist_ok=True)
+        if cfg["init_from"] != "resume" and os.path.exists(log_path):
+            os.remove(log_path)  # --overwrite=True: a new run, a new log
 
     # model
-    model_keys = ["n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "pos_emb", "pope_base",
-                  "rope_base", "pope_delta_init", "attn_impl", "rope_scaling", "rope_scaling_orig_len"]
-    model_args = {k: cfg[k] for k in model_keys}
-    iter_num, best_val_loss, ckpt = 0, 1e9, None
-    ckpt_path = os.path.join(out_dir, "ckpt.pt")
-    if cfg["init_from"] == "resume":
-        if not os.path.isfile(ckpt_path):
-            sys.exit(f"error: init_from='resume' but {ckpt_path} does not exist; train first or fix out_dir")
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        for k in model_keys:  # the architecture comes from the checkpoint; attn_impl may change
-            if k not in ("attn_impl", "dropout"):
-                model_args[k] = ckpt["model_args"][k]
+    model_args = {k: cfg[k] for k in MODEL_KEYS}
+    iter_num, best_val_loss = 0, 1e9
+    if ckpt is not None and cfg["init_from"] == "resume":
+        model_args.update({k: ckpt["model_args"][k] for k in MODEL_KEYS if k not in RESUME_MAY_CHANGE})
         iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
-    elif cfg["init_from"].endswith(".pt"):
+    elif ckpt is not None:
         # fine-tuning: weights from another run; fresh optimizer and iteration count. The context
         # (block_size) and YaRN may change; YaRN's original length defaults to the source's context.
-        if not os.path.isfile(cfg["init_from"]):
-            sys.exit(f"error: init_from checkpoint {cfg['init_from']} does not exist")
-        ckpt = torch.load(cfg["init_from"], map_location="cpu", weights_only=False)
-        for k in ("n_layer", "n_head", "n_embd", "bias", "pos_emb", "pope_base", "rope_base"):
-            model_args[k] = ckpt["model_args"][k]
+        model_args.update({k: ckpt["model_args"][k] for k in ("n_layer", "n_head", "n_embd", "bias", "pos_emb",
+                                                               "pope_base", "rope_base")})
         if model_args["rope_scaling_orig_len"] == 0 and model_args["rope_scaling"] > 1.0:
             model_args["rope_scaling_orig_len"] = ckpt["model_args"]["block_size"]
         ckpt = {"model": ckpt["model"]}
-    elif cfg["init_from"] != "scratch":
-        sys.exit(f"error: init_from must be 'scratch', 'resume' or a path to a .pt checkpoint, got {cfg['init_from']!r}")
-    cfg["block_size"] = model_args["block_size"]  # a resumed run keeps its checkpoint's context
-    data = Data(os.path.join(cfg["data_dir"], cfg["dataset"]), cfg["block_size"])
     T = data.T
     model_args["vocab_size"] = data.meta["vocab_size"]
     if data.meta.get("tokenizer") == "gpt2":  # 50257 -> 50304, a multiple of 64, as nanoGPT: faster matmuls
         model_args["vocab_size"] = (data.meta["vocab_size"] + 63) // 64 * 64
     tokens_per_iter = accum * world * cfg["batch_size"] * T
-    if master:
-        print(f"tokens per iteration: {tokens_per_iter:,} ({accum} accum x {world} procs x {cfg['batch_size']} x {T})")
     torch.manual_seed(cfg["seed"] + rank)
     model = GPT(GPTConfig(**model_args))
     if ckpt is not None:
         model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
     model.to(dev)
     if master:
+        print(f"tokens per iteration: {tokens_per_iter:,} ({accum} accum x {world} procs x {cfg['batch_size']} x {T})")
         print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, pos_emb={model_args['pos_emb']}")
+        print(f"attention: {model.attention_path(dev)}")
     scaler = torch.amp.GradScaler(device_type, enabled=(dt == "float16"))
     optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"],
                                            (cfg["beta1"], cfg["beta2"]), device_type)
@@ -367,32 +461,30 @@ def main(argv):
         model = DDP(model, device_ids=[int(dev.split(":")[1])] if device_type == "cuda" else None,
                     bucket_cap_mb=100, gradient_as_bucket_view=True)
     if ckpt is not None and "rng" in ckpt:  # RNG states last, so nothing above consumes from them
-        rng = {k: v[rank % len(v)] if v else None for k, v in ckpt["rng"].items()}  # one state per rank
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
-        if device_type == "cuda" and rng["cuda"] is not None:
-            torch.cuda.set_rng_state(rng["cuda"], dev)
-        ckpt = None  # free memory
+        set_rng_states({k: v[rank % len(v)] if v else None for k, v in ckpt["rng"].items()}, device_type)
     else:
         random.seed(cfg["seed"] + rank)
         np.random.seed(cfg["seed"] + rank)
+    ckpt = None  # free memory
 
-    metrics = open(os.path.join(out_dir, "metrics.jsonl"), "a") if master else None
+    metrics = open(log_path, "a") if master else None
 
     def log(rec):
         if master:
             metrics.write(json.dumps(rec) + "\n")
             metrics.flush()
 
-    def gather_rng(state):
+    def gather(obj):  # one entry per rank (a collective under DDP)
         if not ddp:
-            return [state]
+            return [obj]
         out = [None] * world
-        dist.all_gather_object(out, state)
+        dist.all_gather_object(out, obj)
         return out
 
-    splits = [s for s in cfg["eval_splits"].split(",") if s]
+    def diverged(what):
+        sys.exit(f"error: {what} at iteration {iter_num} is not finite: the run diverged (learning rate too high?). "
+                 f"Nothing was saved; the last checkpoint in {out_dir} is untouched")
+
     t0, it0, it_start = time.time(), iter_num, iter_num  # it0: first iteration of the timing window
     running_mfu = -1.0
     while True:
@@ -406,20 +498,21 @@ def main(argv):
                 msg = ", ".join(f"{s} loss {r['loss']:.4f} acc {r['acc']:.4f}" for s, r in res.items())
                 print(f"step {iter_num}: {msg}")
                 log({"iter": iter_num, "eval": res})
-            val_loss = res["val"]["loss"] if "val" in res else None
             if cfg["eval_only"]:
                 if master:
-                    with open(os.path.join(out_dir, "eval.json"), "w") as f:
-                        json.dump({"iter": iter_num, "full": cfg["eval_full"], **res}, f, indent=1)
+                    save_json({"iter": iter_num, "full": cfg["eval_full"], **res}, os.path.join(out_dir, "eval.json"))
                 break
+            if not all(math.isfinite(r["loss"]) for r in res.values()):
+                diverged("the eval loss")
+            if not all(torch.isfinite(p).all() for p in raw_model.parameters()):
+                diverged("a weight")
+            val_loss = res["val"]["loss"] if "val" in res else None
             improved = val_loss is not None and val_loss < best_val_loss
             if improved:
                 best_val_loss = val_loss
-            # every rank gathers (a collective), whatever it would decide about saving
-            rng = {"python": gather_rng(random.getstate()), "numpy": gather_rng(np.random.get_state()),
-                   "torch": gather_rng(torch.get_rng_state()),
-                   "cuda": gather_rng(torch.cuda.get_rng_state(dev)) if device_type == "cuda" else None}
-            if master and iter_num > 0 and (improved or cfg["always_save_checkpoint"] or val_loss is None):
+            rng = {k: gather(v) for k, v in rng_states().items()}  # every rank joins, whatever is decided
+            # (not at the iteration a run starts from: a resumed run's checkpoint is already that)
+            if master and iter_num > it_start and (improved or cfg["always_save_checkpoint"] or val_loss is None):
                 save_atomic({
                     "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                     "model_args": model_args, "iter_num": iter_num, "best_val_loss": best_val_loss,
@@ -455,6 +548,8 @@ def main(argv):
                 dist.all_reduce(loss_acc)  # a sum: gloo has no AVG
                 loss_acc /= world
             lossf = loss_acc.item()  # syncs the GPU
+            if not math.isfinite(lossf):
+                diverged("the training loss")
             t1 = time.time()
             dt_iter = (t1 - t0) / (iter_num - it0 + 1)
             t0, it0 = t1, iter_num + 1
@@ -473,11 +568,18 @@ def main(argv):
     if master:
         metrics.close()
     if ddp:
-        # leave together: a rank that tears its process group down while rank 0 is still
-        # writing the last checkpoint can abort in gloo's teardown ("terminate called
-        # without an active exception", 2 runs in 12 on a 2-core box without this barrier)
+        # Leave together, then end the process without the interpreter's shutdown. Building a
+        # DDP wrapper leaves references to the process group that neither deleting the wrapper
+        # nor destroy_process_group releases (torch 2.13), so gloo's worker and TCP threads are
+        # never joined: they run on into the interpreter's shutdown, where a C++ thread that then
+        # needs the GIL is ended by CPython with a forced unwind, which ends in std::terminate
+        # ("terminate called without an active exception": SIGABRT in rank 1 of 2-rank CPU runs).
+        # Everything is written, flushed and closed here, so that shutdown has nothing left to do.
         dist.barrier()
         dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

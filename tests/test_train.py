@@ -129,8 +129,126 @@ def test_configurator_errors(tmp_path):
     p = run([os.path.join(ROOT, "train.py"), str(cfgfile)], tmp_path, check=False)
     assert p.returncode != 0 and "unknown config key 'n_layers'" in p.stderr and "n_layer" in p.stderr
     p = run([os.path.join(ROOT, "train.py"), "--dataset=nope", "--device=cpu"], tmp_path, check=False)
-    assert p.returncode != 0 and "prepare/nope.py" in p.stderr
+    assert p.returncode != 0 and "no such dataset folder" in p.stderr and "prepare/indirect_indexing.py" in p.stderr
     p = run([os.path.join(ROOT, "train.py"), "--compile_mode=fast", "--device=cpu"], tmp_path, check=False)
     assert p.returncode != 0 and "compile_mode must be default, reduce-overhead or max-autotune" in p.stderr
+    # the quick demo's data, missing: the real command, and no empty out_dir left behind
+    p = run([os.path.join(ROOT, "train.py"), os.path.join(ROOT, "config", "indirect_indexing_quick.py"),
+             f"--data_dir={tmp_path / 'nodata'}", "--out_dir=o-quick"], tmp_path, check=False)
+    assert p.returncode != 0 and "python prepare/indirect_indexing.py --quick" in p.stderr, p.stderr
+    assert not (tmp_path / "o-quick").exists()
     p = run([os.path.join(ROOT, "train.py"), "--help"], tmp_path)
     assert "--pos_emb='pope'" in p.stdout and "Usage" in p.stdout
+
+
+NONSENSE = {  # setting: what the one-line error must say
+    "--min_lr=-0.01": "min_lr must be in [0, learning_rate]",
+    "--batch_size=0": "batch_size must be >= 1",
+    "--gradient_accumulation_steps=0": "gradient_accumulation_steps must be >= 1",
+    "--eval_iters=0": "eval_iters must be >= 1",
+    "--pope_base=-1.0": "pope_base and rope_base must be > 1",
+    "--block_size=0": "block_size must be >= 1",
+    "--block_size=-4": "block_size must be >= 1",
+    "--eval_interval=0": "eval_interval must be >= 1",
+    "--log_interval=0": "log_interval must be >= 1",
+    "--n_head=0": "n_layer, n_head and n_embd must be >= 1",
+    "--learning_rate=0.0": "learning_rate must be a finite number > 0",
+    "--dropout=1.0": "dropout must be in [0, 1)",
+}
+
+
+def test_nonsense_settings_are_refused(data_root, tmp_path):
+    """Each setting gets its one line, naming the value it got; through the
+    command line, nothing is written and the exit status is not 0."""
+    sys.path.insert(0, ROOT)
+    import train
+    defaults = {k: getattr(train, k) for k in train.config_keys}
+    for setting, msg in NONSENSE.items():
+        cfg, given = train.configure([setting], defaults)
+        problems = train.config_problems(cfg)
+        line = [p for p in problems if msg in p]
+        assert line, (setting, problems)
+        assert setting.split("=")[0][2:] + "=" in line[0]
+    assert train.config_problems(dict(defaults)) == []
+    p = run([os.path.join(ROOT, "train.py"), f"--data_dir={data_root}", "--dataset=toy", "--out_dir=o"] + TINY
+            + ["--batch_size=0", "--eval_interval=0"], tmp_path, check=False)
+    assert p.returncode != 0 and "batch_size must be >= 1" in p.stderr and "eval_interval must be >= 1" in p.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_all_zero_loss_mask_is_refused(data_root, tmp_path):
+    import shutil
+    shutil.copytree(data_root / "rows", tmp_path / "rows")
+    np.zeros(2000 * 12, dtype=np.uint8).tofile(tmp_path / "rows" / "train_mask.bin")
+    p = run([os.path.join(ROOT, "train.py"), f"--data_dir={tmp_path}", "--dataset=rows", "--out_dir=o"] + TINY
+            + ["--max_iters=2"], tmp_path, check=False)
+    assert p.returncode != 0 and "train_mask.bin: scores no token" in p.stderr, p.stderr[-500:]
+
+
+def test_mixed_dataset_folder_is_refused(data_root, tmp_path):
+    """A train.bin of another run beside the old meta.json (token counts disagree)."""
+    import shutil
+    shutil.copytree(data_root / "rows", tmp_path / "rows")
+    meta = json.load(open(tmp_path / "rows" / "meta.json"))
+    meta["tokens"] = {"train": 2000 * 12, "val": 200 * 12}
+    json.dump(meta, open(tmp_path / "rows" / "meta.json", "w"))
+    np.ones(1500 * 12, dtype=np.uint16).tofile(tmp_path / "rows" / "train.bin")
+    np.ones(1500 * 12, dtype=np.uint8).tofile(tmp_path / "rows" / "train_mask.bin")
+    p = run([os.path.join(ROOT, "train.py"), f"--data_dir={tmp_path}", "--dataset=rows", "--out_dir=o"] + TINY
+            + ["--max_iters=2"], tmp_path, check=False)
+    assert p.returncode != 0 and "train.bin" in p.stderr and "18000" in p.stderr.replace(",", ""), p.stderr[-500:]
+
+
+class _Payload:
+    """Unpickling this runs code: it creates the file named in MARKER."""
+    def __reduce__(self):
+        return (open, (os.environ["MARKER"], "w"))
+
+
+def test_loading_a_file_never_runs_code_from_it(data_root, tmp_path):
+    common = [f"--data_dir={data_root}", "--dataset=toy", "--eval_interval=2", "--max_iters=2"] + TINY
+    run([os.path.join(ROOT, "train.py"), "--out_dir=o"] + common, tmp_path)
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)  # a real checkpoint loads safely
+    marker = tmp_path / "pwned"
+    os.environ["MARKER"] = str(marker)
+    ck["config"]["evil"] = _Payload()
+    torch.save(ck, tmp_path / "o" / "ckpt.pt")
+    p = run([os.path.join(ROOT, "train.py"), "--out_dir=o", "--init_from=resume", "--max_iters=4"] + common,
+            tmp_path, check=False)
+    assert p.returncode != 0 and not marker.exists()
+    p = run([os.path.join(ROOT, "sample.py"), "--ckpt=o/ckpt.pt", "--device=cpu", "--max_new_tokens=2"],
+            tmp_path, check=False)
+    assert p.returncode != 0 and not marker.exists() and "error: cannot load" in p.stderr, p.stderr[-800:]
+    assert "Traceback" not in p.stderr
+
+
+def test_checkpoints_are_never_lost(data_root, tmp_path):
+    """A new run never replaces an old run's checkpoint unless asked; a diverging run
+    never saves; a resume that names another model shape is refused."""
+    common = [f"--data_dir={data_root}", "--dataset=toy", "--eval_interval=2", "--out_dir=o"] + TINY
+    run([os.path.join(ROOT, "train.py"), "--max_iters=4"] + common, tmp_path)
+    good = (tmp_path / "o" / "ckpt.pt").read_bytes()
+    p = run([os.path.join(ROOT, "train.py"), "--max_iters=1"] + common, tmp_path, check=False)
+    assert p.returncode != 0 and "--init_from=resume" in p.stderr and "--out_dir" in p.stderr
+    assert (tmp_path / "o" / "ckpt.pt").read_bytes() == good
+    p = run([os.path.join(ROOT, "train.py"), "--init_from=resume", "--max_iters=8"] + common
+            + ["--learning_rate=1e30", "--min_lr=1e29"], tmp_path, check=False)
+    assert p.returncode != 0 and "not finite" in p.stderr and "iteration" in p.stderr, p.stderr[-500:]
+    assert (tmp_path / "o" / "ckpt.pt").read_bytes() == good
+    p = run([os.path.join(ROOT, "train.py"), "--init_from=resume", "--max_iters=8"] + common
+            + ["--n_embd=64", "--n_layer=1"], tmp_path, check=False)
+    assert p.returncode != 0 and "n_embd=64" in p.stderr and "n_layer=1" in p.stderr
+    assert (tmp_path / "o" / "ckpt.pt").read_bytes() == good
+    # --overwrite=True starts afresh: a new checkpoint and a new log
+    run([os.path.join(ROOT, "train.py"), "--max_iters=2", "--overwrite=True"] + common, tmp_path)
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iter_num"] == 2
+    assert sorted(losses(tmp_path / "o")) == [0, 1]
+
+
+def test_resume_takes_the_dataset_from_the_checkpoint(data_root, tmp_path):
+    """The README's 'evaluate a checkpoint' command names neither dataset nor data_dir."""
+    run([os.path.join(ROOT, "train.py"), f"--data_dir={data_root}", "--dataset=rows", "--out_dir=o", "--max_iters=2",
+         "--eval_interval=2"] + TINY, tmp_path)
+    run([os.path.join(ROOT, "train.py"), "--out_dir=o", "--init_from=resume", "--eval_only=True", "--eval_full=True",
+         "--eval_splits=val"], tmp_path)
+    assert json.load(open(tmp_path / "o" / "eval.json"))["val"]["tokens"] == 200
