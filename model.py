@@ -466,7 +466,7 @@ class GPT(nn.Module):
                 elif compile:
                     cache.static = True
                     cache.pos_t.fill_(cache.pos)
-                    logits, _ = step(idx[:, -1:], cache=cache)
+                    logits, _ = step(idx[:, -1:].contiguous(), cache=cache)  # same strides every step
                     cache.static, cache.pos = False, cache.pos + 1
                 else:
                     logits, _ = self(idx[:, -1:], cache=cache)

@@ -94,6 +94,9 @@ compile = False  # torch.compile the model
 compile_mode = "default"
 peak_flops = 989e12  # for MFU: dense bf16 peak of an H100/H200
 overwrite = False  # a new run (scratch or fine-tune) may replace out_dir's checkpoint and log
+# one GPU: the whole optimizer step (batch gather, forward, backward, clip, AdamW) as one CUDA graph,
+# with the training split held on the GPU. Small models are otherwise bound by host time.
+cuda_graph = False
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))]
 
@@ -318,6 +321,80 @@ def save_json(obj, path):
     os.replace(path + ".tmp", path)
 
 
+class GraphedStep:
+    """The whole optimizer step as one CUDA graph (one GPU, bf16 or float32): the
+    batch gather from the training split held on the GPU, forward and backward of
+    every micro-batch, gradient clipping and AdamW (capturable, lr a tensor).
+    Replaying it costs almost no host time. The batches are the eager loop's:
+    their starts come from the same generators and are copied in before each replay."""
+
+    def __init__(self, model, params, optimizer, data, cfg, dev, ctx, accum):
+        tokens, mask = data.arrays("train")
+        self.tokens = torch.from_numpy(np.asarray(tokens).astype(np.int32)).to(dev)
+        self.mask = torch.from_numpy(np.asarray(mask)).to(dev) if mask is not None else None
+        self.offsets = torch.arange(data.T + 1, device=dev)
+        self.starts = torch.zeros(accum, cfg["batch_size"], dtype=torch.long, device=dev)
+        self.host = [torch.zeros_like(self.starts, device="cpu").pin_memory() for _ in range(2)]
+        self.copied = [None, None]  # event: the copy out of host[i] is done
+        self.lr = torch.tensor(cfg["learning_rate"], device=dev)
+        for g in optimizer.param_groups:  # AdamW reads lr from the tensor, updated before each replay
+            g.update(lr=self.lr, capturable=True, foreach=True, fused=None)
+        for st in optimizer.state.values():
+            st["step"] = st["step"].to(dev, torch.float32)
+        self.args = model, params, optimizer, data, cfg, ctx, accum
+        # warm-up (compile, autotuning) on a side stream, then capture; the warm-up's updates are undone
+        saved = [p.detach().clone() for p in params]
+        saved_state = {id(p): {k: v.clone() for k, v in optimizer.state[p].items()} for p in params
+                       if p in optimizer.state}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                optimizer.zero_grad(set_to_none=True)
+                self._step()
+        torch.cuda.current_stream().wait_stream(side)
+        optimizer.zero_grad(set_to_none=True)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.loss = self._step()
+        with torch.no_grad():
+            for p, v in zip(params, saved):
+                p.copy_(v)
+                for k, t in optimizer.state[p].items():
+                    t.copy_(saved_state[id(p)][k]) if id(p) in saved_state else t.zero_()
+
+    def _step(self):
+        model, params, optimizer, data, cfg, ctx, accum = self.args
+        loss_acc = torch.zeros((), device=self.tokens.device)
+        for micro in range(accum):
+            ix = self.starts[micro][:, None] + self.offsets
+            w = self.tokens[ix].long()
+            m = self.mask[ix[:, 1:]].float() if self.mask is not None else None
+            with ctx:
+                _, loss = model(w[:, :-1], w[:, 1:], m)
+            (loss / accum).backward()
+            loss_acc += loss.detach() / accum
+        if cfg["grad_clip"] > 0:
+            torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])
+        optimizer.step()
+        return loss_acc
+
+    def __call__(self, iter_num, lr):
+        """One optimizer step; returns the (static) loss tensor."""
+        model, params, optimizer, data, cfg, ctx, accum = self.args
+        i = iter_num % 2
+        if self.copied[i] is not None:
+            self.copied[i].synchronize()  # host[i] is being read by the copy of two steps ago
+        for micro in range(accum):
+            self.host[i][micro] = data.starts("train", cfg["batch_size"], make_gen(cfg["seed"], iter_num, micro))
+        self.starts.copy_(self.host[i], non_blocking=True)
+        self.copied[i] = torch.cuda.Event()
+        self.copied[i].record()
+        self.lr.fill_(lr)
+        self.graph.replay()
+        return self.loss
+
+
 def resume_config(cfg, given, defaults):
     """For init_from=resume: the checkpoint and the run's saved config, with every
     key the user set on top (a model key that disagrees with the checkpoint is an
@@ -395,6 +472,9 @@ def main(argv):
         dt = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
     ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dt]
     ctx = nullcontext() if dt == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
+    if cfg["cuda_graph"] and (ddp or device_type != "cuda" or dt == "float16" or cfg["compile_mode"] == "reduce-overhead"):
+        sys.exit("error: cuda_graph=True needs one CUDA GPU (no torchrun), bfloat16 or float32, and "
+                 "compile_mode other than reduce-overhead (that one makes CUDA graphs of its own)")
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -466,6 +546,9 @@ def main(argv):
         random.seed(cfg["seed"] + rank)
         np.random.seed(cfg["seed"] + rank)
     ckpt = None  # free memory
+    graphed = None
+    if cfg["cuda_graph"] and not cfg["eval_only"]:
+        graphed = GraphedStep(model, list(raw_model.parameters()), optimizer, data, cfg, dev, ctx, accum)
 
     metrics = open(log_path, "a") if master else None
 
@@ -489,8 +572,9 @@ def main(argv):
     running_mfu = -1.0
     while True:
         lr = get_lr(iter_num, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        if graphed is None:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
         last = iter_num >= cfg["max_iters"]
         if iter_num % cfg["eval_interval"] == 0 or last or cfg["eval_only"]:
             res = {s: evaluate(model, data, s, cfg, dev, ctx, cfg["eval_full"]) for s in splits}
@@ -526,7 +610,7 @@ def main(argv):
 
         # one optimizer step over accum micro-batches; DDP syncs grads on the last one only
         loss_acc = torch.zeros((), device=dev)
-        for micro in range(accum):
+        for micro in range(accum if graphed is None else 0):
             gen = make_gen(cfg["seed"], iter_num, rank * accum + micro)
             x, y, m = data.batch("train", data.starts("train", cfg["batch_size"], gen), dev)
             sync = (not ddp) or micro == accum - 1
@@ -536,12 +620,15 @@ def main(argv):
                     loss = loss / accum
                 scaler.scale(loss).backward()
             loss_acc += loss.detach()
-        if cfg["grad_clip"] > 0:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        if graphed is not None:
+            loss_acc = graphed(iter_num, lr)
+        else:
+            if cfg["grad_clip"] > 0:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
 
         if iter_num % cfg["log_interval"] == 0:
             if ddp:  # every rank joins: the logged loss is the mean over the global batch
