@@ -466,7 +466,8 @@ class GPT(nn.Module):
                 elif compile:
                     cache.static = True
                     cache.pos_t.fill_(cache.pos)
-                    logits, _ = step(idx[:, -1:].contiguous(), cache=cache)  # same strides every step
+                    # a fresh (B, 1) tensor: a view of idx would change its strides (and recompile) every step
+                    logits, _ = step(idx[:, -1:].clone(memory_format=torch.contiguous_format), cache=cache)
                     cache.static, cache.pos = False, cache.pos + 1
                 else:
                     logits, _ = self(idx[:, -1:], cache=cache)

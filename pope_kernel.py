@@ -505,15 +505,15 @@ def _blocks(kind, D):
 
 
 def _autotuned(kernel, kind, keys, **kw):
-    configs = []
-    for D in _BLOCKS[kind]:
-        for bm, bn, w, s in _BLOCKS[kind][D]:
-            cfg = triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            cfg.head_dim = D
-            configs.append(cfg)
+    # every head dim's configs, and a pruner that keeps the launch's head dim's (32 uses 64's).
+    # No attributes of our own on the Configs: with cache_results Triton writes Config.__dict__
+    # to disk and rebuilds each Config from it in the next process.
+    blocks = sorted({b for D in _BLOCKS[kind] for b in _BLOCKS[kind][D]})
+    configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in blocks]
 
     def prune(configs, named_args, **kwargs):
-        return [c for c in configs if c.head_dim == max(kwargs["HEAD_DIM"], 64)]
+        want = set(_blocks(kind, kwargs["HEAD_DIM"]))
+        return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in want]
 
     # cache_results: a shape's winner is kept on disk (Triton's cache dir), so a new process
     # pays for tuning only at shapes it has never seen

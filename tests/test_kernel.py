@@ -199,6 +199,22 @@ def test_cpu_without_interpreter_is_unsupported():
 
 
 @parent_only
+def test_tuning_configs_survive_the_disk_cache():
+    """With cache_results, Triton writes each Config's __dict__ to disk and the next
+    process rebuilds it with Config(**that): an attribute of our own on a Config
+    broke every second process. And each head dim tunes over its own list."""
+    import triton
+    for tuned, kind in ((pk._pope_fwd_tuned, "fwd"), (pk._pope_bwd_dkdv_tuned, "dkdv"), (pk._pope_bwd_dq_tuned, "dq")):
+        assert tuned.cache_results
+        for c in tuned.configs:
+            assert str(triton.Config(**c.__dict__)) == str(c)
+        for D in (32, 64, 128):
+            kept = tuned.early_config_prune(tuned.configs, {}, HEAD_DIM=D)
+            got = sorted((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in kept)
+            assert got == sorted(pk._BLOCKS[kind][max(D, 64)]), (kind, D)
+
+
+@parent_only
 def test_interpreter_suite():
     """This file again, in a process that has TRITON_INTERPRET=1 from the start."""
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__)],
