@@ -5,7 +5,6 @@ Tiny PoPE / RoPE checkpoints are trained by train.py in a subprocess on a
 character-level Tiny Shakespeare slice (block_size 32); the rest builds models
 in the test. The whole file runs in well under two minutes on 2 CPU cores."""
 
-import io
 import json
 import math
 import os
@@ -25,6 +24,7 @@ sys.path.insert(0, ROOT)
 import eval_extrapolation as ex  # noqa: E402
 import train  # noqa: E402
 from model import GPT, GPTConfig, load_checkpoint, yarn_inv_freq  # noqa: E402
+from prepare.common import codec  # noqa: E402
 
 BLOCK = 32
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", f"--block_size={BLOCK}", "--device=cpu", "--compile=False"]
@@ -97,7 +97,7 @@ def test_1x_point_equals_train_evaluate(env, tmp_path, pe):
     _, js = run_eval(["--ckpt", env.ckpts[pe], "--data", env.val, "--lengths", str(BLOCK)], tmp_path)
     r = js["models"][f"out-{pe}"]["results"][str(BLOCK)]
     model, ckpt = load_checkpoint(env.ckpts[pe], device="cpu")
-    data = train.Data(env.data, BLOCK)
+    data = train.Data(env.data, BLOCK, ("val",))
     ref = train.evaluate(model, data, "val", ckpt["config"], "cpu", nullcontext(), full=True)
     n = (len(env.val_ids) - 1) // BLOCK
     assert r["tokens"] == ref["tokens"] == n * BLOCK
@@ -124,33 +124,34 @@ def test_1x_point_equals_train_eval_only_json(env, tmp_path):
 # YaRN
 
 def test_yarn_frequencies_hand_computed():
-    """Head dim 64, base 10000, train length 1024, s = 4 (YaRN paper, arXiv 2309.00071, sec. 3):
-    theta_i = 10000^(-2i/64), r_i = 1024 theta_i / 2pi rotations over the original context,
-    gamma = clip((r - 1) / (32 - 1), 0, 1), h_i = (1 - gamma) theta_i / 4 + gamma theta_i."""
+    """Head dim 64, base 10000, train length 1024, s = 4, YaRN's published form (arXiv 2309.00071 and its
+    reference code): theta_i = 10000^(-2i/64); the pair index that makes b rotations over the original
+    context is d(b) = 64 ln(1024 / (2 pi b)) / (2 ln 10000); low = floor(d(32)), high = ceil(d(1));
+    gamma_i = clip((i - low) / (high - low), 0, 1), h_i = (1 - gamma_i) theta_i + gamma_i theta_i / 4."""
     inv, mscale = yarn_inv_freq(64, 10000.0, 4.0, 1024)
     assert inv.shape == (32,) and inv.dtype == torch.float32
     # hand-computed values:
-    # i = 0:  theta = 1,        r = 162.97 > 32   -> kept:         1.0
-    # i = 5:  theta = 0.237137, r = 38.647 > 32   -> kept:         0.237137
-    # i = 6:  theta = 0.177828, r = 28.981, gamma = 27.981/31 = 0.902627
-    #         h = 0.177828 * (0.902627 + 0.097373/4) = 0.164841
-    # i = 10: theta = 0.0562341, r = 9.16474, gamma = 8.16474/31 = 0.263379
-    #         h = 0.0562341 * (0.263379 + 0.736621/4) = 0.0251667
-    # i = 17: theta = 0.00749894, r = 1.22214, gamma = 0.00716573
-    #         h = 0.00749894 * (0.00716573 + 0.99283427/4) = 0.00191504
-    # i = 18: theta = 0.00562341, r = 0.91647 < 1 -> theta / 4:    0.00140585
-    # i = 31: theta = 1.33352e-4                  -> theta / 4:    3.33380e-5
-    hand = {0: 1.0, 5: 0.237137, 6: 0.164841, 10: 0.0251667, 17: 0.00191504, 18: 0.00140585, 31: 3.33380e-5}
+    # d(32) = 64 ln(5.09297) / 18.42068 = 5.656 -> low = 5;  d(1) = 64 ln(162.975) / 18.42068 = 17.697 -> high = 18
+    # i = 0:  theta = 1,         gamma = 0     -> kept:        1.0
+    # i = 5:  theta = 0.237137,  gamma = 0     -> kept:        0.237137
+    # i = 6:  theta = 0.177828,  gamma = 1/13  -> h = 0.177828 * (1 - 0.75/13) = 0.167569
+    # i = 10: theta = 0.0562341, gamma = 5/13  -> h = 0.0562341 * (1 - 3.75/13) = 0.0400127
+    # i = 17: theta = 0.00749894, gamma = 12/13 -> h = 0.00749894 * (1 - 9/13) = 0.00230737
+    # i = 18: theta = 0.00562341, gamma = 1   -> theta / 4:    0.00140585
+    # i = 31: theta = 1.33352e-4              -> theta / 4:    3.33380e-5
+    hand = {0: 1.0, 5: 0.237137, 6: 0.167569, 10: 0.0400127, 17: 0.00230737, 18: 0.00140585, 31: 3.33380e-5}
     for i, v in hand.items():
         assert math.isclose(inv[i].item(), v, rel_tol=2e-5), (i, inv[i].item(), v)
     assert math.isclose(mscale, 0.1 * math.log(4) + 1, rel_tol=1e-12)
     assert math.isclose(mscale, 1.1386294, rel_tol=1e-7)
     # every frequency against the formula, written out independently
+    d = [64 * math.log(1024 / (2 * math.pi * b)) / (2 * math.log(10000)) for b in (32, 1)]
+    low, high = math.floor(d[0]), math.ceil(d[1])
+    assert (low, high) == (5, 18)
     for i in range(32):
         th = 10000.0 ** (-2 * i / 64)
-        r = 1024 * th / (2 * math.pi)
-        g = min(max((r - 1) / 31, 0.0), 1.0)
-        assert math.isclose(inv[i].item(), (1 - g) * th / 4 + g * th, rel_tol=1e-6)
+        g = min(max((i - low) / (high - low), 0.0), 1.0)
+        assert math.isclose(inv[i].item(), (1 - g) * th + g * th / 4, rel_tol=1e-6)
     # the three regimes: high frequencies kept, low ones divided by s, a ramp between
     th = 10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64)
     ratio = (inv.double() / th).tolist()
@@ -214,16 +215,18 @@ def test_yarn_scale_rule_plain_rope(env, tmp_path):
 def test_json_has_every_length_and_consistent_buckets(env, tmp_path, capsys):
     res, js = run_eval(["--ckpt", env.ckpts["pope"], env.ckpts["rope"], "--data", env.val,
                         "--lengths", "96, 16,48,16", "--max_tokens", "1000", "--bucket_size", "20"], tmp_path)
-    out = capsys.readouterr().out
+    cap = capsys.readouterr()
+    out = cap.out
     assert "perplexity by context length" in out and "NLL (nats/token) by position" in out
+    assert "differ" not in cap.err  # lcm(16, 48, 96) = 96 fits in the cap of 1000
     assert js["lengths"] == [16, 48, 96]
     assert set(js["models"]) == {"out-pope", "out-rope"}
     for m in js["models"].values():
-        assert m["max_tokens"] == 1000
+        assert m["max_tokens"] == 960  # the largest multiple of 96 <= 1000: every length scores the same tokens
         assert set(m["results"]) == {"16", "48", "96"}
         for L in (16, 48, 96):
             r = m["results"][str(L)]
-            assert r["length"] == L and r["windows"] == 1000 // L and r["tokens"] == (1000 // L) * L
+            assert r["length"] == L and r["windows"] == 960 // L and r["tokens"] == 960
             assert 0 < r["nll"] < 10 and math.isclose(r["ppl"], math.exp(r["nll"]))
         b = m["buckets"]
         assert b["length"] == 96 and b["bucket_size"] == 20
@@ -252,12 +255,15 @@ def test_scored_tokens_are_the_documented_windows(env, tmp_path):
     assert abs(js["models"]["out-pope"]["results"][str(L)]["nll"] - loss.item()) < 1e-5
 
 
-def test_default_lengths_are_block_size_times_1_to_10(env, tmp_path):
+def test_default_lengths_are_block_size_times_1_to_10(env, tmp_path, capsys):
     _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", env.val, "--max_tokens", str(10 * BLOCK)], tmp_path)
     assert js["lengths"] == [BLOCK * k for k in range(1, 11)]
     m = js["models"]["out-pope"]
+    # lcm(32 x 1..10) = 80640 > 320: the old rule, B = 320, and a note on how much the lengths differ
+    assert m["max_tokens"] == 320
     assert [m["results"][str(BLOCK * k)]["tokens"] for k in range(1, 11)] == [(320 // (32 * k)) * 32 * k
                                                                               for k in range(1, 11)]
+    assert "(lcm 80640) fits in 320 tokens" in capsys.readouterr().err
     assert m["buckets"]["length"] == 320 and m["buckets"]["bucket_size"] == BLOCK
     assert len(m["buckets"]["rows"]) == 10
 
@@ -268,6 +274,48 @@ def test_default_budget_uses_every_whole_longest_window(env, tmp_path):
     m = js["models"]["out-pope"]
     assert m["tokens_available"] == n and m["max_tokens"] == (n - 1) // 320 * 320
     assert m["results"]["320"]["tokens"] == m["max_tokens"] == m["results"]["64"]["tokens"]
+
+
+def test_budget_is_a_multiple_of_every_length(env, tmp_path, capsys):
+    """96 and 160 do not divide each other: the budget is a multiple of lcm = 480, so both lengths score
+    exactly the same targets t_1 .. t_B (the old rule, a multiple of 160, scored 19776 vs 19840)."""
+    _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", env.val, "--lengths", "160,96"], tmp_path)
+    n = len(env.val_ids)
+    B = (n - 1) // 480 * 480
+    assert B == 19680
+    m = js["models"]["out-pope"]
+    assert m["max_tokens"] == B
+    assert [(m["results"][L]["tokens"], m["results"][L]["windows"]) for L in ("96", "160")] == [(B, 205), (B, 123)]
+    assert "differ" not in capsys.readouterr().err
+    # the same NLL as the documented windows, computed here: 205 windows of 96 tokens
+    model, _ = load_checkpoint(env.ckpts["pope"], device="cpu")
+    ids = torch.from_numpy(env.val_ids[:B + 1].astype(np.int64))
+    with torch.no_grad():
+        _, loss = model(ids[:-1].view(-1, 96), ids[1:].view(-1, 96))
+    assert abs(m["results"]["96"]["nll"] - loss.item()) < 1e-5
+
+
+def test_budget_falls_back_when_the_lcm_does_not_fit(env, tmp_path, capsys):
+    # an explicit cap below lcm(96, 160) = 480: B = the cap, and the lengths score different counts
+    _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", env.val, "--lengths", "96,160",
+                      "--max_tokens", "400"], tmp_path)
+    m = js["models"]["out-pope"]
+    assert m["max_tokens"] == 400
+    assert [m["results"][L]["tokens"] for L in ("96", "160")] == [384, 320]
+    err_lines = [x for x in capsys.readouterr().err.splitlines() if "differ" in x]
+    assert len(err_lines) == 1
+    assert "(lcm 480) fits in 400 tokens" in err_lines[0] and "320 (L=160) to 384" in err_lines[0]
+    assert "16.67% apart" in err_lines[0]
+    # data shorter than the lcm, no cap given: the largest multiple of the longest length that fits
+    ddir = tmp_path / "short"
+    ddir.mkdir()
+    (ddir / "meta.json").write_text(json.dumps(env.meta))
+    env.val_ids[:400].tofile(ddir / "val.bin")
+    _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", str(ddir / "val.bin"), "--lengths", "96,160"],
+                     tmp_path, "short.json")
+    m = js["models"]["out-pope"]
+    assert m["max_tokens"] == 320 and [m["results"][L]["tokens"] for L in ("96", "160")] == [288, 320]
+    assert "(lcm 480) fits in 399 tokens" in capsys.readouterr().err
 
 
 def test_plot_or_note(env, tmp_path, capsys):
@@ -281,29 +329,18 @@ def test_plot_or_note(env, tmp_path, capsys):
         assert "matplotlib is not installed" in out and not png.exists()
     else:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(os.listdir(tmp_path)) == (["p.png"] if png.exists() else []) + ["r.json"]  # no temp files left
 
 
-def test_progress_fallback_printer():
-    buf = io.StringIO()
-    p = ex.SimpleProgress(40, desc="x", file=buf)
-    for _ in range(40):
-        p.update(1)
-    lines = buf.getvalue().splitlines()
-    assert lines[-1].startswith("x 40/40 windows (100%)")
-    assert 2 <= len(lines) <= 22  # every 5%, not every window
-
-
-def test_progress_uses_tqdm_or_falls_back(monkeypatch):
-    monkeypatch.setitem(sys.modules, "tqdm", None)  # as if tqdm were not installed
-    assert isinstance(ex.make_progress(10), ex.SimpleProgress)
-    assert isinstance(ex.make_progress(10, disable=True), ex.NoProgress)
-
-
-def test_length_limit_only_for_a_learned_position_table():
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64, pos_emb="pope"))
-    assert ex.max_model_length(model) is None  # PoPE / RoPE / NoPE: no table, any length runs
-    model.transformer["wpe"] = torch.nn.Embedding(16, 16)  # a GPT-2 style table
-    assert ex.max_model_length(model) == 16
+def test_progress_and_attention_path_on_stderr(env, tmp_path, capsys):
+    ex.main(["--ckpt", env.ckpts["pope"], env.ckpts["rope"], "--data", env.val, "--lengths", "32",
+             "--max_tokens", "64"])
+    err = capsys.readouterr().err
+    assert "out-rope L=32" in err and "win" in err  # the tqdm bar
+    for pe in ("pope", "rope"):
+        model, _ = load_checkpoint(env.ckpts[pe], device="cpu")
+        want = model.attention_path() if hasattr(model, "attention_path") else f"pos_emb={pe}"
+        assert sum(f"out-{pe}: attention " in x and want in x for x in err.splitlines()) == 1
 
 
 def test_help(capsys):
@@ -343,29 +380,27 @@ def test_txt_and_jsonl_match_bin(env, tmp_path):
     # jsonl: documents joined by "\n\n" for a character vocabulary
     jl = tmp_path / "docs.jsonl"
     jl.write_text(json.dumps({"text": "First Citizen:"}) + "\n\n" + json.dumps({"text": "Before we"}) + "\n")
-    from sample import load_codec
-    enc, dec = load_codec(env.meta)
-    toks = ex.load_text_tokens(str(jl), "jsonl", env.meta, enc, need=10 ** 6)
+    _, dec = codec(env.meta)
+    toks = ex.load_tokens(str(jl), env.meta, need=10 ** 6)
     assert dec(toks.tolist()) == "First Citizen:\n\nBefore we\n\n"
-    assert len(ex.load_text_tokens(str(jl), "jsonl", env.meta, enc, need=5)) == 5
+    assert len(ex.load_tokens(str(jl), env.meta, need=5)) == 5
 
 
 def test_gpt2_text_chunked_tokenization_is_exact(tmp_path, shared_data):
-    from sample import load_codec
     meta = {"tokenizer": "gpt2", "vocab_size": 50304}
-    enc, _ = load_codec(meta)
+    enc, _ = codec(meta)
     with open(shared_data / "text" / "english" / "webtext.txt", encoding="utf-8") as f:
         text = f.read()[:60_000]
     text += "\n  \nword \nX\n\n\nY <|endoftext|>Z"  # whitespace runs around newlines, a special token
     p = tmp_path / "t.txt"
     p.write_text(text, encoding="utf-8")
     whole = enc(text)
-    chunked = ex.load_text_tokens(str(p), "txt", meta, enc, need=10 ** 9, chunk_chars=777)
+    chunked = ex.load_tokens(str(p), meta, need=10 ** 9, chunk_chars=777)
     assert chunked.tolist() == whole
-    assert len(ex.load_text_tokens(str(p), "txt", meta, enc, need=100, chunk_chars=777)) == 100
+    assert len(ex.load_tokens(str(p), meta, need=100, chunk_chars=777)) == 100
     jl = tmp_path / "d.jsonl"
     jl.write_text(json.dumps({"text": "Hello world"}) + "\n" + json.dumps({"text": "Bye"}) + "\n")
-    toks = ex.load_text_tokens(str(jl), "jsonl", meta, enc, need=10 ** 6).tolist()
+    toks = ex.load_tokens(str(jl), meta, need=10 ** 6).tolist()
     assert toks == enc("Hello world") + [50256] + enc("Bye") + [50256]
 
 
@@ -438,12 +473,29 @@ def test_clear_errors(env, tmp_path, monkeypatch):
     assert "--yarn_scale must be >= 1" in err(["--ckpt", ck, "--data", val, "--yarn_scale", "0.5"])
 
 
+def test_tokenizer_offline_is_a_one_line_error(env, tmp_path, monkeypatch):
+    """tiktoken without network or TIKTOKEN_CACHE_DIR: prepare.common's PrepareError, shown as one line."""
+    import tiktoken
+    args = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=50304, pos_emb="pope")
+    path = tmp_path / "gpt2.pt"
+    torch.save({"model": GPT(GPTConfig(**args)).state_dict(), "model_args": args, "config": {},
+                "meta": {"tokenizer": "gpt2", "vocab_size": 50304}}, path)
+    (tmp_path / "t.txt").write_text("Hello world. " * 50)
+
+    def offline(name):
+        raise ConnectionError("no network")
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    msg = err(["--ckpt", str(path), "--data", str(tmp_path / "t.txt"), "--lengths", "16"])
+    assert msg.startswith("error: tiktoken could not load the gpt2 encoding") and "TIKTOKEN_CACHE_DIR" in msg
+    assert "\n" not in msg
+
+
 # -----------------------------------------------------------------------------
 # fine-tuning configs
 
 def finetune_cfg(name):
     defaults = {k: getattr(train, k) for k in train.config_keys}
-    return train.configure([os.path.join(ROOT, "config", name)], defaults)
+    return train.configure([os.path.join(ROOT, "config", name)], defaults)[0]  # (cfg, keys given)
 
 
 @pytest.mark.parametrize("name,scale", [("finetune_yarn.py", 4.0), ("finetune_pope.py", 1.0)])
