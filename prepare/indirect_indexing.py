@@ -143,6 +143,31 @@ def generate_split(n, seed, split, min_len=MIN_LEN, max_len=MAX_LEN, max_shift=M
     return toks.ravel(), mask.ravel()
 
 
+def content_floor(min_len=MIN_LEN, max_len=MAX_LEN, max_shift=MAX_SHIFT):
+    """Exact accuracies of two rules that use no positional skill, under this
+    generator's distribution (length and shift uniform; given the shift, the
+    source uniform over the positions whose target exists). The yardstick for
+    "has the model learned indirect indexing", rather than E[1/length]:
+      copy:  answer the source letter when the shift is 0, else guess uniformly
+             among the string's other letters;
+      valid: the same, but guess only among the letters that can be a target of
+             this shift (positions max(0, k)..L-1+min(0, k)), source excluded.
+    Returns {"copy": acc, "valid": acc}."""
+    copy = valid = 0.0
+    lengths, shifts = range(min_len, max_len + 1), range(-max_shift, max_shift + 1)
+    for L in lengths:
+        for k in shifts:
+            p = 1.0 / (len(lengths) * len(shifts))
+            if k == 0:
+                copy, valid = copy + p, valid + p
+                continue
+            copy += p / (L - 1)
+            sources = range(max(0, -k), L - max(0, k))
+            targets = range(max(0, k), L + min(0, k))
+            valid += p * sum(1.0 / (len(targets) - (i in targets)) for i in sources) / len(sources)
+    return {"copy": copy, "valid": valid}
+
+
 QUICK = {"n_train": 100_000, "min_len": 8, "max_len": 12, "max_shift": 3, "name": "indirect_indexing_quick"}
 
 

@@ -265,3 +265,22 @@ def test_paper_owt_sizes_in_the_readme():
             with torch.device("meta"):
                 m = GPT(GPTConfig(pos_emb=pos_emb, vocab_size=50304, **arch))
             assert abs(m.get_num_params() / 1e6 - int(size)) / int(size) < 0.005, (size, pos_emb, m.get_num_params())
+
+
+@pytest.mark.parametrize("s,L0,D,low,high", [(4.0, 512, 64, 3, 16), (8.0, 1024, 128, 11, 36)])
+def test_yarn_is_the_published_form(s, L0, D, low, high):
+    """YaRN as its reference code and Hugging Face compute it, with the correction
+    range worked out by hand: d(b) = D ln(L0 / (2 pi b)) / (2 ln 10000); low =
+    floor(d(32)), high = ceil(d(1)): (3.25, 15.29) -> (3, 16) and (11.31, 35.39) ->
+    (11, 36). Pairs below low keep theta, pairs from high on get theta / s, the
+    ones between a linear ramp over the pair index; logits scale by (0.1 ln s + 1)^2."""
+    inv, mscale = yarn_inv_freq(D, 10000.0, s, L0)
+    theta = torch.tensor([10000.0 ** (-2 * i / D) for i in range(D // 2)], dtype=torch.float64)
+    for i in range(D // 2):
+        ramp = min(max((i - low) / (high - low), 0.0), 1.0)
+        want = theta[i] * ((1 - ramp) + ramp / s)
+        assert abs(inv[i].item() - want.item()) <= 1e-6 * want.item(), (i, inv[i].item(), want.item())
+    assert inv[low - 1].item() == pytest.approx(theta[low - 1].item(), rel=1e-6)
+    assert inv[high].item() == pytest.approx(theta[high].item() / s, rel=1e-6)
+    assert mscale == pytest.approx(1 + 0.1 * math.log(s))
+    assert torch.equal(yarn_inv_freq(D, 10000.0, 1.0, L0)[0], theta.float())  # s = 1: plain RoPE

@@ -143,3 +143,27 @@ def test_bad_arguments(tmp_path):
     with pytest.raises(common.PrepareError, match="n_val must be positive"):
         ii.main(["--n_val", "0", "--out_dir", str(tmp_path)])
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("setting", [dict(), dict(min_len=8, max_len=12, max_shift=3)])
+def test_content_floor_matches_the_generator(setting):
+    """The exact floors of the content-only rules against the same rules scored on
+    200k examples of the real generator (their expected score per example)."""
+    seed = np.random.SeedSequence().entropy % 2**32
+    rows, tpos = ii.generate_rows(200_000, np.random.default_rng(seed), **setting)
+    copy, valid = [], []
+    for row, t in zip(rows[:, :60].tolist(), tpos.tolist()):
+        string, char, shift, target = ii.parse_example(ii.decode(row).split("\n")[0])
+        L, i = len(string), string.index(char)
+        if shift == 0:
+            copy.append(1.0)
+            valid.append(1.0)
+            continue
+        copy.append(1.0 / (L - 1))
+        targets = range(max(0, shift), L + min(0, shift))
+        valid.append(1.0 / (len(targets) - (i in targets)))
+    want = ii.content_floor(**setting)
+    assert abs(np.mean(copy) - want["copy"]) < 0.003, (seed, np.mean(copy), want)
+    assert abs(np.mean(valid) - want["valid"]) < 0.003, (seed, np.mean(valid), want)
+    if not setting:  # the paper's setting: ~6.7% and ~8.5%, not E[1/L] ~ 3.5%
+        assert 0.066 < want["copy"] < 0.068 and 0.084 < want["valid"] < 0.086
