@@ -1,7 +1,7 @@
 # Quick start (CPU, no download, a few minutes): a small PoPE GPT on an easy
 # variant of the PoPE paper's indirect-indexing task (arXiv 2509.10534):
 # strings of 8-12 letters and shifts in [-3, +3] (the paper: 20-40 and
-# [-15, +15], config/indirect_indexing_pope.py). Not a paper setting:
+# [-15, +15], config/indirect_indexing.py). Not a paper setting:
 # 3 layers, 4 heads, 128 wide, 3,000 steps of 64 examples on the CPU.
 # The log shows the loss on the target letter falling from ~4.3 and the target
 # accuracy (exact match of the greedy target letter) rising.

@@ -1,5 +1,5 @@
 """prepare/ as scripts and as a package, prepare/common.py's helpers, and the
-task configs (config/<task>_{pope,rope}.py, config/indirect_indexing_quick.py)."""
+task configs (config/<task>.py, config/indirect_indexing_quick.py)."""
 import subprocess
 import sys
 from pathlib import Path
@@ -100,18 +100,18 @@ def train_defaults():
 @pytest.mark.parametrize("task", TASKS)
 def test_task_configs(task):
     defaults = train_defaults()
-    pope = read_config(REPO / "config" / f"{task}_pope.py")
-    rope = read_config(REPO / "config" / f"{task}_rope.py")
-    for cfg in (pope, rope):
-        for k, v in cfg.items():
-            assert k in defaults, f"{task}: unknown key {k}"
-            want = type(defaults[k])
-            assert type(v) is want or (want is float and type(v) is int), f"{task}: {k}={v!r} is not {want.__name__}"
-    assert {k for k in pope if pope[k] != rope.get(k)} == {"pos_emb", "out_dir"} and pope.keys() == rope.keys()
-    assert pope["pos_emb"] == "pope" and rope["pos_emb"] == "rope" and pope["dataset"] == task
+    pope = read_config(REPO / "config" / f"{task}.py")
+    for k, v in pope.items():
+        assert k in defaults, f"{task}: unknown key {k}"
+        want = type(defaults[k])
+        assert type(v) is want or (want is float and type(v) is int), f"{task}: {k}={v!r} is not {want.__name__}"
+    assert pope["pos_emb"] == "pope" and pope["dataset"] == task and pope["out_dir"].endswith("-pope")
     assert pope["pope_delta_init"] == "uniform"
-    text = (REPO / "config" / f"{task}_pope.py").read_text()
-    assert text.startswith("#") and f"python train.py config/{task}_pope.py" in text
+    text = (REPO / "config" / f"{task}.py").read_text()
+    # one config per task: the RoPE baseline is the same file with two overrides
+    assert text.startswith("#") and f"python train.py config/{task}.py" in text
+    assert f"python train.py config/{task}.py --pos_emb=rope --out_dir={pope['out_dir'][:-5]}-rope" in text
+    assert not (REPO / "config" / f"{task}_rope.py").exists()
     paper = {"indirect_indexing": (8, 8, 512, 100_000), "jsb": (6, 8, 256, 3_000),
              "maestro": (6, 8, 384, 60_000), "genome": (16, 16, 1024, None)}[task]
     assert (pope["n_layer"], pope["n_head"], pope["n_embd"]) == paper[:3]

@@ -6,9 +6,10 @@
 # AdamW 3e-4 -> 3e-5 cosine with 1k warmup, beta2 0.99, weight decay 0.1,
 # dropout 0.1.
 # Data:  pip install miditok && python prepare/maestro.py --input ../shared/data/music/maestro
-# Usage: python train.py config/maestro_pope.py
+# Usage: python train.py config/maestro.py                      (PoPE)
+#        python train.py config/maestro.py --pos_emb=rope --out_dir=out-maestro-rope   (the RoPE baseline: the same config)
 # Test NLL of the checkpoint:
-#        python train.py config/maestro_pope.py --init_from=resume --eval_only=True --eval_full=True --eval_splits=test
+#        python train.py config/maestro.py --init_from=resume --eval_only=True --eval_full=True --eval_splits=test
 out_dir = "out-maestro-pope"
 dataset = "maestro"
 pos_emb = "pope"
