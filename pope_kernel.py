@@ -477,7 +477,7 @@ def _pope_bwd_dq(Q, KC, V, DO, LSE, DI, DQ, THETA,
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim (32 uses 64's). Each
 # list holds configs that compiled for sm_90 without spilling, or with the
-# fewest spills (ptxas -v, notes/kernel.md), plus the H200's autotuning winners
+# fewest spills (ptxas -v, results/kernel.md), plus the H200's autotuning winners
 # (D=64: fwd 64x64/4 at T<=4k and 128x128/8 at 16k, dk/dv 32x64/4, dq 64x32/4
 # at 1k and 128x64/8 above); the first is the one POPE_AUTOTUNE=0 uses.
 _BLOCKS = {

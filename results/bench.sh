@@ -1,0 +1,28 @@
+#!/bin/bash
+# RESULTS.md, section 5 (Speed): bench.py's GPU checks and benchmarks, on one GPU.
+#   python bench.py check    the PoPE kernel's forward and 4 gradients against float64 (untuned
+#                            configs, outputs that start as NaN), two backward runs compared bitwise
+#   python bench.py kernel   causal bf16 attention at (B,H,T,d) = (8,12,1k,64), (2,12,4k,64),
+#                            (1,12,16k,64): fwd, fwd+bwd eager and as one CUDA graph, TFLOP/s, peak
+#                            memory; the PoPE kernel, PoPE's PyTorch path, RoPE + SDPA, SDPA d=128
+#   python bench.py sample   decoding tokens/s, 124M PoPE vs RoPE, batch 1 and 8, eager and compiled
+#   python bench.py aot      registers, spills and shared memory of every kernel config compiled
+#                            for sm_90 (no GPU needed)
+# Design notes and measurements of the kernel: results/kernel.md.
+#
+# Needs:   1 CUDA GPU (CUDA_VISIBLE_DEVICES picks it; default the first) for all but aot.
+# Time:    H200: a few minutes each, most of it autotuning and compilation; aot ~1 min on 2 CPU cores.
+# Outputs: results/kernel/check.txt, bench-kernel.txt, aot.txt, env.txt; results/sample/bench-sample.txt
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=results/kernel
+export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+trap 'echo "stopped: a command failed (exit $?); see the outputs in $OUT" >&2' ERR
+mkdir -p $OUT results/sample
+{ date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/null || true
+  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > $OUT/env.txt
+
+python bench.py check 2>&1 | tee $OUT/check.txt
+python bench.py kernel 2>&1 | tee $OUT/bench-kernel.txt
+python bench.py sample 2>&1 | tee results/sample/bench-sample.txt
+python bench.py aot 2>&1 | tee $OUT/aot.txt

@@ -1,0 +1,97 @@
+#!/bin/bash
+# RESULTS.md, sections 3 (length extrapolation) and 4 (language modelling at equal tokens), and
+# the 124M memory check of section 5:
+#   1. small GPTs (config/english_small.py: 6 layers, 384 wide, context 512, 1,200 steps of
+#      32 x 512 tokens), PoPE and RoPE for each seed; one seed means the same batches
+#   2. fine-tunes of the first seed at 4x context, shortened to 100 steps of 8 x 2048 tokens:
+#      RoPE with YaRN s = 4 (config/finetune_yarn.py) and PoPE without change (config/finetune_pope.py)
+#   3. eval_extrapolation.py at 512 x 1..10 on the held-out val split (the State of the Union
+#      addresses), every RoPE model also with zero-shot YaRN
+#   4. 124M PoPE and RoPE (20 steps: a memory check, not a trained model) evaluated at 1024..10240
+#      tokens, one window per forward pass: peak memory against length
+#
+# Needs:   1-2 CUDA GPUs (pretraining runs spread over CUDA_VISIBLE_DEVICES, default: all; side by
+#          side on one); the English text in ../shared/data/text (or set SHARED): data/english is
+#          made here if missing (the command in config/english_small.py).
+# Time:    H200: about 5 min on one GPU for two seeds (pretraining ~3 min side by side).
+# Outputs: results/lm/
+#          seed<S>-<pe>.log, seed<S>-<pe>/metrics.jsonl     pretraining (ckpt.pt beside: the final checkpoint)
+#          seed<S>-pope-ft.*, seed<S>-rope-yarn-ft.*         the fine-tunes of the first seed
+#          extrapolation.log / .json / .png                 perplexity against context length, NLL by position
+#          memory-124m.log / .json                          the 124M memory check (its checkpoints are deleted)
+#          env.txt
+# Settings (environment variables):
+#   SEEDS="1337 1338"  pretraining seeds; the first is fine-tuned
+#   SHARED=../shared/data   where the source text lives
+#   EXTRA="--key=value ..."  appended to every train.py call
+#   EVAL_EXTRA="--option ..."  appended to both eval_extrapolation.py calls
+# train.py will not start a new run in a folder that holds ckpt.pt or metrics.jsonl: delete
+# the folder, or pass EXTRA=--overwrite=True.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SEEDS=${SEEDS:-1337 1338}
+SHARED=${SHARED:-../shared/data}
+EXTRA=${EXTRA:-}
+EVAL_EXTRA=${EVAL_EXTRA:-}
+OUT=results/lm
+GPUS=${CUDA_VISIBLE_DEVICES:-$({ nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null || true; } | paste -sd, -)}
+IFS=, read -ra GPU <<< "${GPUS:-0}"
+export PYTHONUNBUFFERED=1
+trap 'echo "stopped: a command failed (exit $?); see the logs in $OUT" >&2' ERR
+mkdir -p $OUT
+{ date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/null || true
+  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > $OUT/env.txt
+
+if [ ! -f data/english/meta.json ]; then
+    T=$SHARED/text
+    python prepare/openwebtext.py --out_dir data/english --input $T/owt_sample.jsonl \
+        $T/english/{abc,brown,inaugural,movie_reviews,tinyshakespeare,webtext}.txt \
+        --val_input $T/english/state_union.txt
+fi
+
+# 1. pretraining, the i-th run on the i-th GPU (round robin)
+declare -A NAME=([pope]=PoPE [rope]=RoPE)
+i=0; pids=(); CKPTS=(); LABELS=()
+for s in $SEEDS; do
+    for pe in pope rope; do
+        run=seed$s-$pe
+        CUDA_VISIBLE_DEVICES=${GPU[i % ${#GPU[@]}]} python train.py config/english_small.py --pos_emb=$pe \
+            --seed=$s --out_dir=$OUT/$run $EXTRA > $OUT/$run.log 2>&1 &
+        pids+=($!); i=$((i + 1))
+        CKPTS+=($OUT/$run/ckpt.pt); LABELS+=(${NAME[$pe]}-s$s)
+    done
+done
+fail=0; for p in "${pids[@]}"; do wait $p || fail=1; done
+[ $fail = 0 ] || { echo "a training run failed: see the logs in $OUT"; exit 1; }
+
+# 2. fine-tunes of the first seed at 4x context (2048), side by side
+s=${SEEDS%% *}
+FT="--block_size=2048 --batch_size=8 --gradient_accumulation_steps=1 --max_iters=100 --eval_interval=50
+    --eval_iters=20 --log_interval=10 --compile=True --dataset=english --always_save_checkpoint=True"
+CUDA_VISIBLE_DEVICES=${GPU[0]} python train.py config/finetune_yarn.py --init_from=$OUT/seed$s-rope/ckpt.pt \
+    --out_dir=$OUT/seed$s-rope-yarn-ft --rope_scaling=4.0 $FT $EXTRA > $OUT/seed$s-rope-yarn-ft.log 2>&1 &
+pids=($!)
+CUDA_VISIBLE_DEVICES=${GPU[1 % ${#GPU[@]}]} python train.py config/finetune_pope.py --init_from=$OUT/seed$s-pope/ckpt.pt \
+    --out_dir=$OUT/seed$s-pope-ft $FT $EXTRA > $OUT/seed$s-pope-ft.log 2>&1 &
+pids+=($!)
+fail=0; for p in "${pids[@]}"; do wait $p || fail=1; done
+[ $fail = 0 ] || { echo "a fine-tune failed: see $OUT/seed$s-*-ft.log"; exit 1; }
+CKPTS+=($OUT/seed$s-pope-ft/ckpt.pt $OUT/seed$s-rope-yarn-ft/ckpt.pt); LABELS+=(PoPE+ft-s$s RoPE+YaRN-ft-s$s)
+
+# 3. perplexity against context length, 512 x 1..10 (--yarn adds zero-shot YaRN to every RoPE model)
+CUDA_VISIBLE_DEVICES=${GPU[0]} python eval_extrapolation.py --data data/english/val.bin --yarn --no_progress \
+    --ckpt "${CKPTS[@]}" --labels $(IFS=,; echo "${LABELS[*]}") \
+    --json $OUT/extrapolation.json --plot $OUT/extrapolation.png $EVAL_EXTRA 2>&1 | tee $OUT/extrapolation.log
+
+# 4. 124M at 10x its 1024-token context: peak memory is linear in T (no T x T attention tensor)
+M124="--dataset=english --max_iters=20 --lr_decay_iters=20 --warmup_iters=2 --eval_interval=20 --eval_iters=2
+      --compile=False --always_save_checkpoint=True --overwrite=True"  # a rerun replaces these
+for pe in pope rope; do
+    CUDA_VISIBLE_DEVICES=${GPU[0]} python train.py config/${pe}_124m.py --out_dir=$OUT/memory-124m-$pe $M124 $EXTRA \
+        > $OUT/memory-124m-$pe.log 2>&1
+done
+CUDA_VISIBLE_DEVICES=${GPU[0]} python eval_extrapolation.py --data data/english/val.bin --no_progress \
+    --lengths=1024,2048,4096,8192,10240 --max_tokens=20480 --batch_size=1 \
+    --ckpt $OUT/memory-124m-pope/ckpt.pt $OUT/memory-124m-rope/ckpt.pt --labels PoPE-124M,RoPE-124M \
+    --json $OUT/memory-124m.json $EVAL_EXTRA 2>&1 | tee $OUT/memory-124m.log
+rm -f $OUT/memory-124m-*/ckpt.pt

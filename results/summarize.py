@@ -1,0 +1,153 @@
+"""
+Markdown tables from train.py's outputs: eval.json and metrics.jsonl files.
+
+Usage:
+    python results/summarize.py RUN/eval.json ...                 # final loss/accuracy per run, mean ± std over seeds
+    python results/summarize.py RUN/metrics.jsonl ...             # last eval, median ms/step and tokens/s per run
+    python results/summarize.py --curve RUN/metrics.jsonl ...     # val loss at every eval step, one row per run
+    python results/summarize.py --diff A/metrics.jsonl B/metrics.jsonl [C D ...]
+                                    # pairs A-B, C-D: per-step |train loss difference| and tokens/s B / A
+
+A run is named after its folder (results/lm/seed1337-pope/eval.json -> seed1337-pope),
+or after the file (jsb-pope-1337-eval.json -> jsb-pope-1337). Runs whose names differ
+only in the seed (seed1337, -1337, -s1337) form one group; groups of two or more get
+a mean ± std (sample std) row. Accuracy is the greedy next-token accuracy over the
+scored tokens, in %.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+
+
+def run_name(path):
+    base = os.path.basename(path)
+    if base in ("eval.json", "metrics.jsonl"):
+        return os.path.basename(os.path.dirname(os.path.abspath(path)))
+    return re.sub(r"([-.]eval)?\.(json|jsonl)$", "", base)
+
+
+def load(path):
+    """(evals {iter: {split: {loss, acc}}}, train {iter: record}) of one file."""
+    if path.endswith(".jsonl"):
+        recs = [json.loads(line) for line in open(path) if line.strip()]
+        evals = {r["iter"]: r["eval"] for r in recs if "eval" in r}
+        train = {r["iter"]: r for r in recs if "loss" in r}  # a resumed run's later record wins
+        return evals, train
+    r = json.load(open(path))
+    return {r["iter"]: {k: v for k, v in r.items() if isinstance(v, dict)}}, {}
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def fmt(x, nd):
+    return "" if x is None else f"{x:,.{nd}f}"
+
+
+def table(head, rows):
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def summary(paths, skip, ppl):
+    runs = {run_name(p): load(p) for p in paths}
+    splits = sorted({s for ev, _ in runs.values() for e in ev.values() for s in e},
+                    key=lambda s: ("train", "val", "test").index(s) if s in ("train", "val", "test") else 9)
+    cols = []  # (name, digits, function of (evals, train))
+    for s in splits:
+        cols.append((f"{s} loss", 4, lambda ev, tr, s=s: ev[max(ev)].get(s, {}).get("loss") if ev else None))
+        if ppl:
+            cols.append((f"{s} ppl", 2, lambda ev, tr, s=s: math.exp(ev[max(ev)][s]["loss"])
+                         if ev and s in ev[max(ev)] else None))
+        cols.append((f"{s} acc %", 2, lambda ev, tr, s=s: 100 * ev[max(ev)][s]["acc"]
+                     if ev and "acc" in ev[max(ev)].get(s, {}) else None))
+    if any(tr for _, tr in runs.values()):
+        cols.append(("ms/step", 1, lambda ev, tr: median([r["dt_ms"] for i, r in tr.items() if i >= skip])))
+        cols.append(("tokens/s", 0, lambda ev, tr: median([r["tok_per_s"] for i, r in tr.items() if i >= skip])))
+    vals = {n: [f(ev, tr) for _, _, f in cols] for n, (ev, tr) in runs.items()}
+    keep = [j for j in range(len(cols)) if any(v[j] is not None for v in vals.values())]  # drop empty columns
+    cols, vals = [cols[j] for j in keep], {n: [v[j] for j in keep] for n, v in vals.items()}
+    rows = [[n, str(max(runs[n][0])) if runs[n][0] else ""] + [fmt(v, c[1]) for v, c in zip(vals[n], cols)]
+            for n in runs]
+    print(table(["run", "step"] + [c[0] for c in cols], rows))
+
+    groups = {}
+    for n in runs:
+        groups.setdefault(re.sub(r"[-_]?(seed|s)?\d{3,}", "", n).strip("-_") or n, []).append(n)
+    grows = []
+    for g, names in groups.items():
+        if len(names) < 2:
+            continue
+        row = [g, str(len(names))]
+        for j, (_, nd, _) in enumerate(cols):
+            xs = [vals[n][j] for n in names if vals[n][j] is not None]
+            row.append(f"{statistics.mean(xs):,.{nd}f} ± {statistics.stdev(xs):,.{nd}f}" if len(xs) > 1
+                       else fmt(xs[0] if xs else None, nd))
+        grows.append(row)
+    if grows:
+        print()
+        print(table(["group", "runs"] + [c[0] for c in cols], grows))
+
+
+def curve(paths, split):
+    runs = {run_name(p): load(p)[0] for p in paths}
+    its = sorted({i for ev in runs.values() for i in ev})
+    rows = [[n] + [fmt(ev[i][split]["loss"], 4) if i in ev and split in ev[i] else "" for i in its]
+            for n, ev in runs.items()]
+    print(f"{split} loss at step")
+    print(table(["run"] + [str(i) for i in its], rows))
+
+
+def diff(paths, lo, hi, window, skip):
+    if len(paths) % 2:
+        raise SystemExit("error: --diff takes pairs of metrics.jsonl files")
+    rows = []
+    for a, b in zip(paths[::2], paths[1::2]):
+        ta, tb = load(a)[1], load(b)[1]
+        its = sorted(i for i in ta if i in tb and lo <= i < hi)
+        if not its:
+            raise SystemExit(f"error: {a} and {b} share no logged steps in [{lo}, {hi})")
+        d = [abs(ta[i]["loss"] - tb[i]["loss"]) for i in its]
+        win = []  # means over `window`-step windows remove most of the batch-to-batch noise
+        for s in range(its[0], its[-1] + 1, window):
+            ws = [i for i in its if s <= i < s + window]
+            win.append(abs(statistics.mean(ta[i]["loss"] for i in ws) - statistics.mean(tb[i]["loss"] for i in ws)))
+        tok_a = median([r["tok_per_s"] for i, r in ta.items() if i >= skip])
+        tok_b = median([r["tok_per_s"] for i, r in tb.items() if i >= skip])
+        rows.append([f"{run_name(a)} vs {run_name(b)}", f"{its[0]}–{its[-1]} ({len(its)})", fmt(statistics.mean(d), 4),
+                     fmt(max(d), 4), fmt(max(win), 4), fmt(tok_b / tok_a, 3) if tok_a and tok_b else ""])
+    print("absolute difference of the logged train losses (each the mean over its global batch)")
+    print(table(["runs A vs B", "steps (logged)", "mean", "max", f"max of {window}-step means", "tokens/s B / A"], rows))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="+", help="eval.json and/or metrics.jsonl files")
+    ap.add_argument("--curve", action="store_true", help="the eval loss at every eval step, one row per run")
+    ap.add_argument("--split", default="val", help="the split of --curve (default val)")
+    ap.add_argument("--diff", action="store_true", help="compare pairs of metrics.jsonl files (train loss, tokens/s)")
+    ap.add_argument("--from", dest="lo", type=int, default=0, help="--diff: first step compared (default 0)")
+    ap.add_argument("--to", dest="hi", type=int, default=10**12, help="--diff: compare steps below this one")
+    ap.add_argument("--window", type=int, default=20, help="--diff: steps per window of means (default 20)")
+    ap.add_argument("--skip", type=int, default=20,
+                    help="timings from this step on (the first windows hold compilation; default 20)")
+    ap.add_argument("--ppl", action="store_true", help="add perplexity columns, exp(loss)")
+    a = ap.parse_args()
+    for p in a.files:
+        if not os.path.isfile(p):
+            raise SystemExit(f"error: {p} not found")
+    if a.diff:
+        diff(a.files, a.lo, a.hi, a.window, a.skip)
+    elif a.curve:
+        curve(a.files, a.split)
+    else:
+        summary(a.files, a.skip, a.ppl)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+#!/bin/bash
+# RESULTS.md, section 2 (JSB Chorales): the paper's model and 3k steps (config/jsb.py),
+# PoPE and RoPE, then the NLL per scored token and the accuracy on the whole val and test splits,
+# at the best-val checkpoint (val every 250 steps).
+#
+# Needs:   1-2 CUDA GPUs (runs spread over CUDA_VISIBLE_DEVICES, default: all; side by side on one);
+#          Jsb16thSeparated.json (../shared/data/music/, or set SHARED); data/jsb is made if missing.
+# Time:    H200: under 10 min for both runs side by side on one GPU.
+# Outputs: results/tasks/
+#          <task>-<pe>-<S>.log             training log
+#          <task>-<pe>-<S>/metrics.jsonl   the same as JSON lines (ckpt.pt: the best-val checkpoint)
+#          <task>-<pe>-<S>-eval.json       val and test NLL and accuracy over the whole splits
+#          <task>-<pe>-<S>-test.log        that evaluation's output
+#          summary.md, env.txt
+# Settings (environment variables):
+#   TASKS="jsb"       also "maestro" (needs pip install miditok) and "genome": their configs follow
+#                     the paper's models; no run of them is in RESULTS.md, and they take hours
+#   SEEDS="1337"      seeds, one PoPE and one RoPE run each
+#   SHARED=../shared/data   where the source data lives
+#   EXTRA="--key=value ..."  appended to every train.py call
+# train.py will not start a new run in a folder that holds ckpt.pt or metrics.jsonl: delete
+# the folder, or pass EXTRA=--overwrite=True.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TASKS=${TASKS:-jsb}
+SEEDS=${SEEDS:-1337}
+SHARED=${SHARED:-../shared/data}
+EXTRA=${EXTRA:-}
+OUT=results/tasks
+GPUS=${CUDA_VISIBLE_DEVICES:-$({ nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null || true; } | paste -sd, -)}
+IFS=, read -ra GPU <<< "${GPUS:-0}"
+export PYTHONUNBUFFERED=1
+trap 'echo "stopped: a command failed (exit $?); see the logs in $OUT" >&2' ERR
+mkdir -p $OUT
+{ date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/null || true
+  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > $OUT/env.txt
+
+for task in $TASKS; do
+    [ -f data/$task/meta.json ] && continue
+    case $task in
+        jsb)     python prepare/jsb.py --input $SHARED/music/Jsb16thSeparated.json ;;
+        maestro) python prepare/maestro.py --input $SHARED/music/maestro ;;
+        genome)  python prepare/genome.py --input $SHARED/genome/chr20.fa.gz ;;
+        *)       echo "unknown task $task (jsb, maestro, genome)"; exit 1 ;;
+    esac
+done
+
+# train: the i-th run on the i-th GPU (round robin); one seed means the same batches for PoPE and RoPE
+i=0; pids=()
+for task in $TASKS; do
+    for s in $SEEDS; do
+        for pe in pope rope; do
+            run=$task-$pe-$s
+            CUDA_VISIBLE_DEVICES=${GPU[i % ${#GPU[@]}]} python train.py config/$task.py --pos_emb=$pe \
+                --seed=$s --out_dir=$OUT/$run --compile=True $EXTRA > $OUT/$run.log 2>&1 &
+            pids+=($!); i=$((i + 1))
+        done
+    done
+done
+fail=0; for p in "${pids[@]}"; do wait $p || fail=1; done
+[ $fail = 0 ] || { echo "a training run failed: see the logs in $OUT"; exit 1; }
+
+# evaluate each best-val checkpoint on the whole val and test splits
+for task in $TASKS; do
+    for s in $SEEDS; do
+        for pe in pope rope; do
+            run=$task-$pe-$s
+            CUDA_VISIBLE_DEVICES=${GPU[0]} python train.py --out_dir=$OUT/$run --init_from=resume --eval_only=True \
+                --eval_full=True --eval_splits=val,test --compile=False $EXTRA > $OUT/$run-test.log 2>&1
+            cp $OUT/$run/eval.json $OUT/$run-eval.json
+        done
+    done
+done
+python results/summarize.py $OUT/*-eval.json | tee $OUT/summary.md
