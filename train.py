@@ -406,7 +406,13 @@ def resume_config(cfg, given, defaults):
         sys.exit(f"error: init_from must be 'scratch', 'resume' or a path to a .pt checkpoint, got {path!r}")
     if not os.path.isfile(path):
         sys.exit(f"error: checkpoint {path} not found; train first, or fix out_dir / init_from")
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain types only: no code runs
+    try:  # tensors and plain types only: a file that needs code to unpickle is refused
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001
+        why = re.sub(r"\x1b\[[0-9;]*m", "", str(e).splitlines()[0])[:160]
+        sys.exit(f"error: cannot load {path} safely ({type(e).__name__}: {why}); "
+                 "train.py writes checkpoints of tensors and plain types only, so this file was made by another "
+                 "program or an older version")
     if cfg["init_from"] != "resume":
         return cfg, ckpt
     clash = [f"{k}={cfg[k]!r} (checkpoint: {ckpt['model_args'][k]!r})" for k in MODEL_KEYS
