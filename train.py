@@ -5,7 +5,7 @@ Usage:
     python train.py [config/FILE.py] [--key=value ...]
     python train.py config/pope_124m.py --batch_size=16 --max_iters=2000
     torchrun --standalone --nproc_per_node=8 train.py config/pope_124m.py
-    python train.py --out_dir=out-jsb --init_from=resume --eval_only=True \
+    python train.py --out_dir=out-jsb-pope --init_from=resume --eval_only=True \\
         --eval_full=True --eval_splits=test     # full-split NLL/accuracy of a checkpoint
     python train.py --help                     # every key with its default
 
