@@ -31,13 +31,7 @@ POS_EMBS=${POS_EMBS:-pope rope}
 STEPS=${STEPS:-100000}
 EXTRA=${EXTRA:-}
 OUT=results/indirect_indexing
-GPUS=${CUDA_VISIBLE_DEVICES:-$({ nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null || true; } | paste -sd, -)}
-IFS=, read -ra GPU <<< "${GPUS:-0}"
-export PYTHONUNBUFFERED=1
-trap 'echo "stopped: a command failed (exit $?); see the logs in $OUT" >&2' ERR
-mkdir -p $OUT
-{ date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/null || true
-  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > $OUT/env.txt
+source results/setup.sh  # GPU list, logging, $OUT/env.txt
 
 [ -f data/indirect_indexing/meta.json ] || python prepare/indirect_indexing.py
 

@@ -34,13 +34,7 @@ SHARED=${SHARED:-../shared/data}
 EXTRA=${EXTRA:-}
 EVAL_EXTRA=${EVAL_EXTRA:-}
 OUT=results/lm
-GPUS=${CUDA_VISIBLE_DEVICES:-$({ nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null || true; } | paste -sd, -)}
-IFS=, read -ra GPU <<< "${GPUS:-0}"
-export PYTHONUNBUFFERED=1
-trap 'echo "stopped: a command failed (exit $?); see the logs in $OUT" >&2' ERR
-mkdir -p $OUT
-{ date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/null || true
-  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > $OUT/env.txt
+source results/setup.sh  # GPU list, logging, $OUT/env.txt
 
 if [ ! -f data/english/meta.json ]; then
     T=$SHARED/text
