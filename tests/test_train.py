@@ -253,3 +253,12 @@ def test_resume_takes_the_dataset_from_the_checkpoint(data_root, tmp_path):
     run([os.path.join(ROOT, "train.py"), "--out_dir=o", "--init_from=resume", "--eval_only=True", "--eval_full=True",
          "--eval_splits=val"], tmp_path)
     assert json.load(open(tmp_path / "o" / "eval.json"))["val"]["tokens"] == 200
+
+
+def test_sample_refuses_nonsense_settings(tmp_path):
+    for arg, msg in (("--top_k=0", "--top_k must be >= 1"), ("--temperature=-1", "--temperature must be >= 0"),
+                     ("--num_samples=0", "--num_samples must be >= 1"), ("--max_new_tokens=0", "--max_new_tokens must be >= 1")):
+        p = run([os.path.join(ROOT, "sample.py"), arg, "--device=cpu"], tmp_path, check=False)
+        assert p.returncode == 2 and msg in p.stderr, (arg, p.stderr[-300:])
+    p = run([os.path.join(ROOT, "sample.py"), "--out_dir=nothing", "--device=cpu"], tmp_path, check=False)
+    assert p.returncode == 1 and "checkpoint nothing/ckpt.pt not found" in p.stderr
