@@ -43,6 +43,7 @@ class GPTConfig:
     pope_base: float = 10000.0
     rope_base: float = 10000.0
     pope_delta_init: str = "zero"  # "zero" (language) | "uniform": U(-2pi, 0)
+    pope_delta_bound: str = "wrap"  # how delta is kept in [-2pi, 0]: "wrap" | "clamp" | "project" (see pope_delta)
     attn_impl: str = "auto"  # PoPE only: "auto" (the kernel on CUDA) | "torch" (the code below) | "triton"
     # YaRN for RoPE (arXiv 2309.00071): scale s > 1 stretches the context by s
     # relative to rope_scaling_orig_len (0 means block_size). 1.0 is plain RoPE.
@@ -56,6 +57,8 @@ class GPTConfig:
         need(self.pos_emb in ("pope", "rope", "none"), f"pos_emb must be 'pope', 'rope' or 'none', got {self.pos_emb!r}")
         need(self.attn_impl in ("auto", "torch", "triton"), f"attn_impl must be 'auto', 'torch' or 'triton', got {self.attn_impl!r}")
         need(self.pope_delta_init in ("zero", "uniform"), f"pope_delta_init must be 'zero' or 'uniform', got {self.pope_delta_init!r}")
+        need(self.pope_delta_bound in ("wrap", "clamp", "project"),
+             f"pope_delta_bound must be 'wrap', 'clamp' or 'project', got {self.pope_delta_bound!r}")
         need(self.n_head >= 1 and self.n_embd % self.n_head == 0, f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         need(self.pos_emb != "rope" or (self.n_embd // self.n_head) % 2 == 0, "RoPE needs an even head dim")
         need(self.rope_scaling >= 1.0, f"rope_scaling must be >= 1 (1 = off), got {self.rope_scaling}")
@@ -88,8 +91,19 @@ def pope_frequencies(D, base=10000.0, device=None, dtype=torch.float32):
     return (base ** (-torch.arange(D, device=device, dtype=torch.float64) / D)).to(dtype)
 
 
-def pope_delta(delta):
-    """The phase bias the attention uses: the parameter clamped to [-2pi, 0]."""
+def pope_delta(delta, bound="wrap"):
+    """The phase bias the attention uses, in [-2pi, 0] as the paper asks.
+
+    cos is 2pi-periodic and [-2pi, 0] is one period, so every phase has a value
+    in the range. "wrap" (default) maps the parameter into (-2pi, 0] modulo 2pi:
+    the score is a smooth function of the parameter, whose gradient is never cut.
+    "clamp" (torch.clamp) has zero gradient outside the range; from the language
+    models' zero init, AdamW's first steps push most entries above 0, where they
+    stay, frozen at 0. "project" clamps here too, and train.py clamps the
+    parameter back in place after every step (GPT.project_delta_), so entries
+    keep a gradient but sit pinned at the edge. RESULTS.md measures the three."""
+    if bound == "wrap":
+        return delta - TWO_PI * torch.ceil(delta.detach() / TWO_PI)
     return torch.clamp(delta, -TWO_PI, 0.0)
 
 
@@ -240,6 +254,7 @@ class CausalSelfAttention(nn.Module):
         self.pos_emb = config.pos_emb
         self.attn_impl = config.attn_impl
         self.pope_base = config.pope_base
+        self.delta_bound = config.pope_delta_bound
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -257,7 +272,7 @@ class CausalSelfAttention(nn.Module):
         self.scale = mscale ** 2 / math.sqrt(self.head_dim)
 
     def pope(self, q, k, v, q_offset, k_is_mu):
-        delta = pope_delta(self.delta)
+        delta = pope_delta(self.delta, self.delta_bound)
         kernel, why = use_pope_kernel(self.attn_impl, q, k, v, delta)
         if not kernel and q.is_cuda and self.attn_impl == "auto" and not self._warned:
             warnings.warn(f"PoPE Triton kernel not used ({why}); running the PyTorch path of model.py")
@@ -282,7 +297,7 @@ class CausalSelfAttention(nn.Module):
             visible = (torch.arange(k.size(2), device=k.device) <= pos0)[None, :]
             if self.pos_emb == "pope":
                 qc = pope_cartesian(q, pos0.view(1), None, self.pope_base).to(v.dtype)
-                kc = pope_cartesian(k, torch.arange(k.size(2), device=k.device), pope_delta(self.delta),
+                kc = pope_cartesian(k, torch.arange(k.size(2), device=k.device), pope_delta(self.delta, self.delta_bound),
                                     self.pope_base, is_mu=True).to(v.dtype)
                 y = F.scaled_dot_product_attention(qc, kc, v, attn_mask=visible, scale=self.scale)
             else:
@@ -346,6 +361,14 @@ class GPT(nn.Module):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if getattr(module, "bias", None) is not None:
                 torch.nn.init.zeros_(module.bias)
+
+    @torch.no_grad()
+    def project_delta_(self):
+        """pope_delta_bound="project": clamp every delta parameter into [-2pi, 0] in
+        place; train.py calls this after each optimizer step. A no-op otherwise."""
+        if self.config.pos_emb == "pope" and self.config.pope_delta_bound == "project":
+            for block in self.transformer.h:
+                block.attn.delta.clamp_(-TWO_PI, 0.0)
 
     def get_num_params(self):
         """Parameter count (the tied embedding counted once; there is no position table)."""
@@ -513,7 +536,7 @@ def load_checkpoint(path, device="cpu", **overrides):
         ckpt = torch.load(path, map_location=device, weights_only=True)
     except FileNotFoundError:
         raise FileNotFoundError(f"checkpoint {path} not found; train one with train.py (it writes out_dir/ckpt.pt)") from None
-    model_args = dict(ckpt["model_args"])
+    model_args = {"pope_delta_bound": "clamp", **ckpt["model_args"]}  # older checkpoints: trained with the clamp
     valid = {f.name for f in fields(GPTConfig)}
     unknown = set(overrides) - valid
     if unknown:

@@ -70,6 +70,7 @@ pos_emb = "pope"  # "pope" | "rope" | "none"
 pope_base = 10000.0
 rope_base = 10000.0
 pope_delta_init = "zero"  # "zero" | "uniform"
+pope_delta_bound = "wrap"  # "wrap" | "clamp" | "project": how delta stays in [-2pi, 0] (model.pope_delta)
 attn_impl = "auto"  # "auto" | "torch" | "triton"
 rope_scaling = 1.0  # YaRN scale for RoPE (1.0 = off)
 rope_scaling_orig_len = 0  # YaRN's original context (0 = block_size)
@@ -102,7 +103,7 @@ config_keys = [k for k, v in globals().items() if not k.startswith("_") and isin
 
 
 MODEL_KEYS = ["n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "pos_emb", "pope_base", "rope_base",
-              "pope_delta_init", "attn_impl", "rope_scaling", "rope_scaling_orig_len"]
+              "pope_delta_init", "pope_delta_bound", "attn_impl", "rope_scaling", "rope_scaling_orig_len"]
 RESUME_MAY_CHANGE = ("attn_impl", "dropout")  # model keys a resumed run may set anew
 
 
@@ -175,6 +176,7 @@ def config_problems(c):
         (c["pope_base"] > 1 and c["rope_base"] > 1, "pope_base and rope_base must be > 1 (the paper's: 10000)"),
         (c["pos_emb"] in ("pope", "rope", "none"), "pos_emb must be pope, rope or none"),
         (c["pope_delta_init"] in ("zero", "uniform"), "pope_delta_init must be zero or uniform"),
+        (c["pope_delta_bound"] in ("wrap", "clamp", "project"), "pope_delta_bound must be wrap, clamp or project"),
         (c["attn_impl"] in ("auto", "torch", "triton"), "attn_impl must be auto, torch or triton"),
         (c["rope_scaling"] >= 1, "rope_scaling must be >= 1 (1 = no YaRN)"),
         (c["rope_scaling_orig_len"] >= 0, "rope_scaling_orig_len must be >= 0 (0 = block_size)"),
@@ -328,7 +330,8 @@ class GraphedStep:
     Replaying it costs almost no host time. The batches are the eager loop's:
     their starts come from the same generators and are copied in before each replay."""
 
-    def __init__(self, model, params, optimizer, data, cfg, dev, ctx, accum):
+    def __init__(self, model, raw_model, optimizer, data, cfg, dev, ctx, accum):
+        params = list(raw_model.parameters())
         tokens, mask = data.arrays("train")
         self.tokens = torch.from_numpy(np.asarray(tokens).astype(np.int32)).to(dev)
         self.mask = torch.from_numpy(np.asarray(mask)).to(dev) if mask is not None else None
@@ -341,7 +344,7 @@ class GraphedStep:
             g.update(lr=self.lr, capturable=True, foreach=True, fused=None)
         for st in optimizer.state.values():
             st["step"] = st["step"].to(dev, torch.float32)
-        self.args = model, params, optimizer, data, cfg, ctx, accum
+        self.args = model, raw_model, optimizer, data, cfg, ctx, accum
         # warm-up (compile, autotuning) on a side stream, then capture; the warm-up's updates are undone
         saved = [p.detach().clone() for p in params]
         saved_state = {id(p): {k: v.clone() for k, v in optimizer.state[p].items()} for p in params
@@ -364,7 +367,7 @@ class GraphedStep:
                     t.copy_(saved_state[id(p)][k]) if id(p) in saved_state else t.zero_()
 
     def _step(self):
-        model, params, optimizer, data, cfg, ctx, accum = self.args
+        model, raw_model, optimizer, data, cfg, ctx, accum = self.args
         loss_acc = torch.zeros((), device=self.tokens.device)
         for micro in range(accum):
             ix = self.starts[micro][:, None] + self.offsets
@@ -375,13 +378,14 @@ class GraphedStep:
             (loss / accum).backward()
             loss_acc += loss.detach() / accum
         if cfg["grad_clip"] > 0:
-            torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])
+            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg["grad_clip"])
         optimizer.step()
+        raw_model.project_delta_()
         return loss_acc
 
     def __call__(self, iter_num, lr):
         """One optimizer step; returns the (static) loss tensor."""
-        model, params, optimizer, data, cfg, ctx, accum = self.args
+        model, raw_model, optimizer, data, cfg, ctx, accum = self.args
         i = iter_num % 2
         if self.copied[i] is not None:
             self.copied[i].synchronize()  # host[i] is being read by the copy of two steps ago
@@ -408,6 +412,7 @@ def resume_config(cfg, given, defaults):
         sys.exit(f"error: checkpoint {path} not found; train first, or fix out_dir / init_from")
     try:  # tensors and plain types only: a file that needs code to unpickle is refused
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt["model_args"].setdefault("pope_delta_bound", "clamp")  # older checkpoints: trained with the clamp
     except Exception as e:  # noqa: BLE001
         why = re.sub(r"\x1b\[[0-9;]*m", "", str(e).splitlines()[0])[:160]
         sys.exit(f"error: cannot load {path} safely ({type(e).__name__}: {why}); "
@@ -512,7 +517,7 @@ def main(argv):
         # fine-tuning: weights from another run; fresh optimizer and iteration count. The context
         # (block_size) and YaRN may change; YaRN's original length defaults to the source's context.
         model_args.update({k: ckpt["model_args"][k] for k in ("n_layer", "n_head", "n_embd", "bias", "pos_emb",
-                                                               "pope_base", "rope_base")})
+                                                               "pope_base", "rope_base", "pope_delta_bound")})
         if model_args["rope_scaling_orig_len"] == 0 and model_args["rope_scaling"] > 1.0:
             model_args["rope_scaling_orig_len"] = ckpt["model_args"]["block_size"]
         ckpt = {"model": ckpt["model"]}
@@ -554,7 +559,7 @@ def main(argv):
     ckpt = None  # free memory
     graphed = None
     if cfg["cuda_graph"] and not cfg["eval_only"]:
-        graphed = GraphedStep(model, list(raw_model.parameters()), optimizer, data, cfg, dev, ctx, accum)
+        graphed = GraphedStep(model, raw_model, optimizer, data, cfg, dev, ctx, accum)
 
     metrics = open(log_path, "a") if master else None
 
@@ -634,6 +639,7 @@ def main(argv):
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
             scaler.step(optimizer)
             scaler.update()
+            raw_model.project_delta_()
             optimizer.zero_grad(set_to_none=True)
 
         if iter_num % cfg["log_interval"] == 0:
