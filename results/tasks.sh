@@ -16,15 +16,19 @@
 #   TASKS="jsb"       also "maestro" (needs pip install miditok) and "genome": their configs follow
 #                     the paper's models; no run of them is in RESULTS.md, and they take hours
 #   SEEDS="1337"      seeds, one PoPE and one RoPE run each
+#   POS_EMBS="pope rope"
+#   TAG=""            appended to the run names, for runs with other settings (EXTRA)
 #   SHARED=../shared/data   where the source data lives
 #   EXTRA="--key=value ..."  appended to every train.py call
-# train.py will not start a new run in a folder that holds ckpt.pt or metrics.jsonl: delete
-# the folder, or pass EXTRA=--overwrite=True.
+# A run whose evaluation (<run>-eval.json) exists is kept, so the script can be stopped and run
+# again; an unfinished one is started again from scratch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TASKS=${TASKS:-jsb}
 SEEDS=${SEEDS:-1337}
 SHARED=${SHARED:-../shared/data}
+POS_EMBS=${POS_EMBS:-pope rope}
+TAG=${TAG:-}
 EXTRA=${EXTRA:-}
 OUT=results/tasks
 source results/setup.sh  # GPU list, logging, $OUT/env.txt
@@ -43,10 +47,11 @@ done
 i=0; pids=()
 for task in $TASKS; do
     for s in $SEEDS; do
-        for pe in pope rope; do
-            run=$task-$pe-$s
+        for pe in $POS_EMBS; do
+            run=$task-$pe-$s$TAG
+            [ -f $OUT/$run-eval.json ] && continue
             CUDA_VISIBLE_DEVICES=${GPU[i % ${#GPU[@]}]} python train.py config/$task.py --pos_emb=$pe \
-                --seed=$s --out_dir=$OUT/$run --compile=True $EXTRA > $OUT/$run.log 2>&1 &
+                --seed=$s --out_dir=$OUT/$run --compile=True --overwrite=True $EXTRA > $OUT/$run.log 2>&1 &
             pids+=($!); i=$((i + 1))
         done
     done
@@ -57,8 +62,9 @@ fail=0; for p in "${pids[@]}"; do wait $p || fail=1; done
 # evaluate each best-val checkpoint on the whole val and test splits
 for task in $TASKS; do
     for s in $SEEDS; do
-        for pe in pope rope; do
-            run=$task-$pe-$s
+        for pe in $POS_EMBS; do
+            run=$task-$pe-$s$TAG
+            [ -f $OUT/$run-eval.json ] && continue
             CUDA_VISIBLE_DEVICES=${GPU[0]} python train.py --out_dir=$OUT/$run --init_from=resume --eval_only=True \
                 --eval_full=True --eval_splits=val,test --compile=False $EXTRA > $OUT/$run-test.log 2>&1
             cp $OUT/$run/eval.json $OUT/$run-eval.json
