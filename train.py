@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import GPT, GPTConfig
-from prepare.common import PrepareError, check_dataset
+from prepare.common import Data, PrepareError, make_gen
 
 # -----------------------------------------------------------------------------
 # defaults: the paper's OpenWebText setup at 124M (RMSNorm, head dim 64, batch
@@ -195,92 +195,14 @@ def _settings(c, msg):
     return ", ".join(f"{k}={c[k]!r}" for k in c if re.search(rf"\b{k}\b", msg))
 
 
-# -----------------------------------------------------------------------------
-# data
-
-class Data:
-    """Token memmaps of one dataset, with optional loss masks and fixed rows.
-
-    Training batches are drawn from a generator seeded by (seed, iter, global
-    micro-step), so the sampler's whole state is the iteration number: a resumed
-    run draws exactly the batches the uninterrupted run would have, and N DDP
-    ranks together draw exactly the global batch of one process."""
-
-    def __init__(self, data_dir, block_size, splits):
-        try:  # every split's size, dtype, rows, mask and largest id against meta.json, once
-            self.meta = check_dataset(data_dir, splits)
-        except PrepareError as e:
-            raise SystemExit(f"error: {e}") from None
-        self.dir = data_dir
-        self.dtype = np.dtype(self.meta["dtype"])
-        self.row_len = self.meta.get("row_len")
-        if self.row_len and block_size < self.row_len - 1:
-            raise SystemExit(f"error: dataset rows hold {self.row_len} tokens, so block_size must be at least "
-                             f"{self.row_len - 1}; got block_size={block_size}")
-        self.T = self.row_len - 1 if self.row_len else block_size
-        for split in splits:
-            n, need = len(self.arrays(split)[0]), self.row_len or self.T + 1
-            if n < need:
-                raise SystemExit(f"error: {data_dir}/{split}.bin holds {n} tokens, fewer than one sequence "
-                                 f"({need}); use a smaller block_size or a larger split")
-
-    def arrays(self, split):
-        # a fresh memmap per batch, as nanoGPT does, avoids a memory leak
-        data = np.memmap(os.path.join(self.dir, f"{split}.bin"), dtype=self.dtype, mode="r")
-        mpath = os.path.join(self.dir, f"{split}_mask.bin")
-        mask = np.memmap(mpath, dtype=np.uint8, mode="r") if os.path.isfile(mpath) else None
-        return data, mask
-
-    def num_sequences(self, split):
-        data, _ = self.arrays(split)
-        return len(data) // self.row_len if self.row_len else (len(data) - 1) // self.T
-
-    def starts(self, split, n, gen):
-        """n random sequence starts."""
-        data, _ = self.arrays(split)
-        if self.row_len:
-            return torch.randint(len(data) // self.row_len, (n,), generator=gen) * self.row_len
-        return torch.randint(len(data) - self.T, (n,), generator=gen)
-
-    def batch(self, split, starts, device):
-        data, mask = self.arrays(split)
-        # one fancy-indexed gather for all rows: a Python loop over rows costs milliseconds per
-        # step, which is most of a step for the small task models
-        ix = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(self.T + 1)
-        w = torch.from_numpy(data[ix].astype(np.int64))
-        x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()
-        m = torch.from_numpy(mask[ix[:, 1:]].astype(np.float32)) if mask is not None else None
-        if "cuda" in str(device):
-            x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-            m = m.pin_memory().to(device, non_blocking=True) if m is not None else None
-        else:
-            x, y, m = x.to(device), y.to(device), (m.to(device) if m is not None else None)
-        return x, y, m
-
-
-def make_gen(*key):
-    """A torch.Generator seeded from a tuple of ints, e.g. (seed, iter, micro)."""
-    g = torch.Generator()
-    g.manual_seed(int(np.random.SeedSequence(list(key)).generate_state(1, np.uint64)[0] >> 1))
-    return g
-
-
 @torch.no_grad()
 def evaluate(model, data, split, cfg, device, ctx, full=False):
     """Mean loss over scored targets and token accuracy (argmax == target over the
     same targets), on eval_iters fixed random batches or, with full, on every
     row / non-overlapping window of the split."""
     model.eval()
-    if full:
-        n = data.num_sequences(split)
-        step = data.row_len if data.row_len else data.T
-        all_starts = torch.arange(n) * step
-        chunks = list(all_starts.split(cfg["batch_size"]))
-    else:
-        chunks = [data.starts(split, cfg["batch_size"], make_gen(cfg["seed"], split_id(split), k))
-                  for k in range(cfg["eval_iters"])]
     loss_sum, correct, count = 0.0, 0.0, 0.0
-    for starts in chunks:
+    for starts in data.eval_starts(split, cfg["batch_size"], cfg["eval_iters"], cfg["seed"], full):
         x, y, m = data.batch(split, starts, device)
         with ctx:
             logits, loss = model(x, y, m)
@@ -291,10 +213,6 @@ def evaluate(model, data, split, cfg, device, ctx, full=False):
         count += n_scored
     model.train()
     return {"loss": loss_sum / max(count, 1), "acc": correct / max(count, 1), "tokens": int(count)}
-
-
-def split_id(split):
-    return {"train": 0, "val": 1, "test": 2}.get(split, 3)
 
 
 def get_lr(it, cfg):
@@ -492,8 +410,11 @@ def main(argv):
 
     # data (checked before anything is written) and the run's folder
     splits = [s for s in cfg["eval_splits"].split(",") if s]
-    data = Data(os.path.join(cfg["data_dir"], cfg["dataset"]), cfg["block_size"],
-                sorted(set(splits) | ({"train"} if not cfg["eval_only"] else set())))
+    try:
+        data = Data(os.path.join(cfg["data_dir"], cfg["dataset"]), cfg["block_size"],
+                    sorted(set(splits) | ({"train"} if not cfg["eval_only"] else set())))
+    except PrepareError as e:
+        sys.exit(f"error: {e}")
     out_dir = cfg["out_dir"]
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
     log_path = os.path.join(out_dir, "metrics.jsonl")

@@ -1,8 +1,9 @@
 """Shared helpers for the prepare/ scripts: output paths, .bin/meta.json
 writing (byte-identical on re-runs), a dataset written as a set (staged in a
 folder beside out_dir and swapped in whole: staged_dataset), the command that
-rebuilds a dataset, the dataset check train.py runs (check_dataset), a tqdm
-progress bar, optional imports and a download helper that fails fast offline.
+rebuilds a dataset, the dataset check train.py runs (check_dataset) and the
+batches it draws (Data), a tqdm progress bar, optional imports and a download
+helper that fails fast offline.
 """
 
 import argparse
@@ -625,6 +626,85 @@ def check_dataset(data_dir, splits=("train", "val")):
     a token id >= vocab_size, a mask that scores no token. The scans read
     CHECK_CHUNK tokens at a time, so memory stays small."""
     return _check(data_dir, tuple(splits))
+
+
+# -----------------------------------------------------------------------------
+# reading a dataset: the batches train.py draws (torch is imported on first use,
+# so that the prepare scripts never load it)
+
+def make_gen(*key):
+    """A torch.Generator seeded from a tuple of ints, e.g. (seed, iter, micro)."""
+    import torch
+    g = torch.Generator()
+    g.manual_seed(int(np.random.SeedSequence(list(key)).generate_state(1, np.uint64)[0] >> 1))
+    return g
+
+
+class Data:
+    """Token memmaps of one dataset, with optional loss masks and fixed rows.
+
+    Training batches are drawn from a generator seeded by (seed, iter, global
+    micro-step), so the sampler's whole state is the iteration number: a resumed
+    run draws exactly the batches the uninterrupted run would have, and N DDP
+    ranks together draw exactly the global batch of one process. Raises
+    PrepareError (one line) for a dataset that cannot be trained on."""
+
+    def __init__(self, data_dir, block_size, splits):
+        self.meta = check_dataset(data_dir, splits)  # every split's size, dtype, rows, mask and largest id, once
+        self.dir = data_dir
+        self.dtype = np.dtype(self.meta["dtype"])
+        self.row_len = self.meta.get("row_len")
+        if self.row_len and block_size < self.row_len - 1:
+            raise PrepareError(f"dataset rows hold {self.row_len} tokens, so block_size must be at least "
+                               f"{self.row_len - 1}; got block_size={block_size}")
+        self.T = self.row_len - 1 if self.row_len else block_size
+        for split in splits:
+            n, need = len(self.arrays(split)[0]), self.row_len or self.T + 1
+            if n < need:
+                raise PrepareError(f"{data_dir}/{split}.bin holds {n} tokens, fewer than one sequence "
+                                   f"({need}); use a smaller block_size or a larger split")
+
+    def arrays(self, split):
+        # a fresh memmap per batch, as nanoGPT does, avoids a memory leak
+        data = np.memmap(os.path.join(self.dir, f"{split}.bin"), dtype=self.dtype, mode="r")
+        mpath = os.path.join(self.dir, f"{split}_mask.bin")
+        mask = np.memmap(mpath, dtype=np.uint8, mode="r") if os.path.isfile(mpath) else None
+        return data, mask
+
+    def starts(self, split, n, gen):
+        """n random sequence starts."""
+        import torch
+        data, _ = self.arrays(split)
+        if self.row_len:
+            return torch.randint(len(data) // self.row_len, (n,), generator=gen) * self.row_len
+        return torch.randint(len(data) - self.T, (n,), generator=gen)
+
+    def eval_starts(self, split, n, iters, seed, full=False):
+        """The eval's batches of n starts: iters fixed random batches (the same at
+        every eval), or, with full, every row / non-overlapping window of the split."""
+        import torch
+        if full:
+            data, _ = self.arrays(split)
+            count = len(data) // self.row_len if self.row_len else (len(data) - 1) // self.T
+            return list((torch.arange(count) * (self.row_len or self.T)).split(n))
+        split_id = {"train": 0, "val": 1, "test": 2}.get(split, 3)
+        return [self.starts(split, n, make_gen(seed, split_id, k)) for k in range(iters)]
+
+    def batch(self, split, starts, device):
+        import torch
+        data, mask = self.arrays(split)
+        # one fancy-indexed gather for all rows: a Python loop over rows costs milliseconds per
+        # step, which is most of a step for the small task models
+        ix = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(self.T + 1)
+        w = torch.from_numpy(data[ix].astype(np.int64))
+        x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()
+        m = torch.from_numpy(mask[ix[:, 1:]].astype(np.float32)) if mask is not None else None
+        if "cuda" in str(device):
+            x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+            m = m.pin_memory().to(device, non_blocking=True) if m is not None else None
+        else:
+            x, y, m = x.to(device), y.to(device), (m.to(device) if m is not None else None)
+        return x, y, m
 
 
 # -----------------------------------------------------------------------------

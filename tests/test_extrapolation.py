@@ -24,7 +24,7 @@ sys.path.insert(0, ROOT)
 import eval_extrapolation as ex  # noqa: E402
 import train  # noqa: E402
 from model import GPT, GPTConfig, load_checkpoint, yarn_inv_freq  # noqa: E402
-from prepare.common import codec  # noqa: E402
+from prepare.common import Data, codec  # noqa: E402
 
 BLOCK = 32
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", f"--block_size={BLOCK}", "--device=cpu", "--compile=False"]
@@ -97,7 +97,7 @@ def test_1x_point_equals_train_evaluate(env, tmp_path, pe):
     _, js = run_eval(["--ckpt", env.ckpts[pe], "--data", env.val, "--lengths", str(BLOCK)], tmp_path)
     r = js["models"][f"out-{pe}"]["results"][str(BLOCK)]
     model, ckpt = load_checkpoint(env.ckpts[pe], device="cpu")
-    data = train.Data(env.data, BLOCK, ("val",))
+    data = Data(env.data, BLOCK, ("val",))
     ref = train.evaluate(model, data, "val", ckpt["config"], "cpu", nullcontext(), full=True)
     n = (len(env.val_ids) - 1) // BLOCK
     assert r["tokens"] == ref["tokens"] == n * BLOCK
