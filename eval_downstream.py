@@ -27,16 +27,16 @@ full results per checkpoint (stderrs from 1000 bootstrap draws).
 """
 import argparse
 import contextlib
-import json
 import logging
 import os
 import socket
 import sys
-import tempfile
 from urllib.parse import urlparse
 
 import torch
 import torch.nn.functional as F
+
+from prepare.common import PrepareError, codec, write_json
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIG_DIR = os.path.join(ROOT, "config", "lm_eval")
@@ -118,7 +118,6 @@ def make_lm(model, encode, *, batch_size=8, device="cpu", vocab_size=50257):
 
 def check_checkpoint(path):
     """(meta, encode) of a checkpoint; a one-line error for anything but a GPT-2-tokenized model."""
-    from prepare.common import PrepareError, codec
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
@@ -189,16 +188,6 @@ def format_table(rows, tasks):
                                       "Avg over the tasks that ran)"])
 
 
-def write_json(path, obj):
-    """Atomically: a temp file in the same folder, then os.replace."""
-    from lm_eval.utils import handle_non_serializable  # the harness's configs hold functions
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".eval_downstream.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, default=handle_non_serializable)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", nargs="+", required=True, help="train.py checkpoint(s), one table row each")
@@ -227,7 +216,7 @@ def main(argv=None):
     os.environ.setdefault("DISABLE_MULTIPROC", "1")  # the harness's bootstrap: no process pool
     try:
         import datasets
-        import lm_eval  # noqa: F401
+        from lm_eval.utils import handle_non_serializable  # for --json: the harness's configs hold functions
     except ImportError as e:
         die(f'eval_downstream.py needs lm-evaluation-harness: pip install "lm-eval>=0.4,<0.5" ({e})')
     if args.trust_remote_code:  # as the harness's own --trust_remote_code does
@@ -254,7 +243,7 @@ def main(argv=None):
         del model, lm
     print(format_table(rows, tasks))
     if args.json:
-        write_json(args.json, report)
+        write_json(args.json, report, indent=2, default=handle_non_serializable)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0 if all(table for _, table, _ in rows) else 1
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import load_checkpoint
-from prepare.common import PrepareError, codec
+from prepare.common import PrepareError, codec, write_atomic, write_json
 
 DEFAULT_MAX_TOKENS = 1 << 20  # default cap on the scored tokens per length
 
@@ -267,14 +267,6 @@ def print_tables(series, lengths):
             print(f"{key:>17} " + "".join(f"{c:>{w}}" for c in cells))
 
 
-def write_atomic(path, save):
-    """save(tmp), then rename: no reader ever sees a half-written file."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    save(tmp := f"{path}.tmp")
-    os.replace(tmp, path)
-    print(f"wrote {path}")
-
-
 def write_plot(path, series, lengths):
     try:
         from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
@@ -289,6 +281,7 @@ def write_plot(path, series, lengths):
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    print(f"wrote {path}")
 
 
 def main(argv=None):
@@ -340,7 +333,8 @@ def main(argv=None):
               "models": {s["label"]: s for s in out}}
     result = json.loads(json.dumps(result), parse_constant=lambda _: None)  # JSON has no inf/nan: null
     if args.json:
-        write_atomic(args.json, lambda tmp: Path(tmp).write_text(json.dumps(result, indent=1)))
+        write_json(args.json, result)
+        print(f"wrote {args.json}")
     if args.plot:
         write_plot(args.plot, result["models"].values(), lengths)
     return result

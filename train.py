@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import GPT, GPTConfig
-from prepare.common import Data, PrepareError, make_gen
+from prepare.common import Data, PrepareError, make_gen, write_atomic, write_json
 
 # -----------------------------------------------------------------------------
 # defaults: the paper's OpenWebText setup at 124M (RMSNorm, head dim 64, batch
@@ -226,19 +226,6 @@ def get_lr(it, cfg):
         return cfg["min_lr"]
     ratio = (it - cfg["warmup_iters"]) / max(1, cfg["lr_decay_iters"] - cfg["warmup_iters"])
     return cfg["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg["learning_rate"] - cfg["min_lr"])
-
-
-def save_atomic(obj, path):
-    """Write to a temp file, then rename: a crash never leaves a half checkpoint."""
-    tmp = path + ".tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def save_json(obj, path):
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 class GraphedStep:
@@ -516,7 +503,7 @@ def main(argv):
                 log({"iter": iter_num, "eval": res})
             if cfg["eval_only"]:
                 if master:
-                    save_json({"iter": iter_num, "full": cfg["eval_full"], **res}, os.path.join(out_dir, "eval.json"))
+                    write_json(os.path.join(out_dir, "eval.json"), {"iter": iter_num, "full": cfg["eval_full"], **res})
                 break
             if not all(math.isfinite(r["loss"]) for r in res.values()):
                 diverged("the eval loss")
@@ -529,12 +516,13 @@ def main(argv):
             rng = {k: gather(v) for k, v in rng_states().items()}  # every rank joins, whatever is decided
             # (not at the iteration a run starts from: a resumed run's checkpoint is already that)
             if master and iter_num > it_start and (improved or cfg["always_save_checkpoint"] or val_loss is None):
-                save_atomic({
+                state = {
                     "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                     "model_args": model_args, "iter_num": iter_num, "best_val_loss": best_val_loss,
                     "config": cfg, "meta": data.meta, "rng": rng,
                     "sampler": {"seed": cfg["seed"], "iter_num": iter_num, "world": world},
-                }, ckpt_path)
+                }
+                write_atomic(ckpt_path, lambda tmp: torch.save(state, tmp))  # a crash never leaves a half checkpoint
                 print(f"saved checkpoint to {ckpt_path}")
             t0, it0 = time.time(), iter_num  # keep eval time out of the step timing
         if last:

@@ -107,6 +107,21 @@ def log(msg):
 # -----------------------------------------------------------------------------
 # writing
 
+def write_atomic(path, save):
+    """save(tmp), then rename tmp to path: no reader ever sees a half-written
+    file, and a crash leaves the old one (train.py's checkpoints, the eval
+    scripts' outputs, meta.json)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp"
+    save(tmp)
+    os.replace(tmp, path)
+
+
+def write_json(path, obj, indent=1, default=None):
+    """obj as JSON, written atomically (write_atomic)."""
+    write_atomic(path, lambda tmp: Path(tmp).write_text(json.dumps(obj, indent=indent, default=default)))
+
+
 class BinWriter:
     """Appends token arrays to <path> in one dtype; the file appears under its
     final name only on close(), so an interrupted run leaves no half file."""
@@ -163,11 +178,8 @@ def write_bin(path, arr, dtype):
 
 def write_meta(out_dir, meta):
     """meta.json with sorted keys and a trailing newline (stable bytes)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / "meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, out_dir / "meta.json")
+    text = json.dumps(meta, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    write_atomic(Path(out_dir) / "meta.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def load_meta(out_dir):
