@@ -17,7 +17,6 @@ run the same tasks on the local files (loaders: config/lm_eval/local_data.py;
 CBT: cbtest_{CN,NE}_test_2500ex.txt from CBTest.tgz in DIR, DIR/cbt or
 DIR/CBTest/data) and the hub is never asked (HF_DATASETS_OFFLINE=HF_HUB_OFFLINE=1,
 also when it is unreachable). A task without data is reported; the others run.
-A dataset's remote code runs only with --trust_remote_code.
 
 Scoring as the harness's HF models: requests sorted by length and batched, cut
 on the left to block_size, log-softmax in float32 over the 50257 GPT-2 tokens
@@ -36,6 +35,7 @@ from urllib.parse import urlparse
 import torch
 import torch.nn.functional as F
 
+from model import load_checkpoint
 from prepare.common import PrepareError, codec, write_json
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -221,7 +221,6 @@ def main(argv=None):
         die(f'eval_downstream.py needs lm-evaluation-harness: pip install "lm-eval>=0.4,<0.5" ({e})')
     if args.trust_remote_code:  # as the harness's own --trust_remote_code does
         datasets.config.HF_DATASETS_TRUST_REMOTE_CODE = True
-    from model import load_checkpoint
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     batch_size = args.batch_size or (32 if device.startswith("cuda") else 8)
@@ -233,8 +232,7 @@ def main(argv=None):
         label = f"{POS_NAMES.get(cfg.pos_emb, cfg.pos_emb)} {n_params / 1e6:.0f}M"
         label += f" ({path})" if any(r[0] == label for r in rows) else ""
         print(f"{label}: {path}, block_size {cfg.block_size}, device {device}", file=sys.stderr)
-        if callable(getattr(model, "attention_path", None)):
-            print(f"attention: {model.attention_path()}", file=sys.stderr)
+        print(f"attention: {model.attention_path()}", file=sys.stderr)
         lm = make_lm(model, encode, batch_size=batch_size, device=device, vocab_size=meta.get("vocab_size", 50257))
         res, table, errors = evaluate(lm, tasks, args.data_dir, args.limit, batch_size, device)
         rows.append((label, table, errors))
