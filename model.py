@@ -101,7 +101,7 @@ def pope_delta(delta, bound="wrap"):
     models' zero init, AdamW's first steps push most entries above 0, where they
     stay, frozen at 0. "project" clamps here too, and train.py clamps the
     parameter back in place after every step (GPT.project_delta_), so entries
-    keep a gradient but sit pinned at the edge. RESULTS.md measures the three."""
+    keep a gradient but sit pinned at the edge. RESULTS.md, section 7, compares them."""
     if bound == "wrap":
         return delta - TWO_PI * torch.ceil(delta.detach() / TWO_PI)
     return torch.clamp(delta, -TWO_PI, 0.0)

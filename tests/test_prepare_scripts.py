@@ -112,7 +112,8 @@ def test_task_configs(task):
     assert text.startswith("#") and f"python train.py config/{task}.py" in text
     assert f"python train.py config/{task}.py --pos_emb=rope --out_dir={pope['out_dir'][:-5]}-rope" in text
     assert not (REPO / "config" / f"{task}_rope.py").exists()
-    paper = {"indirect_indexing": (8, 8, 512, 100_000), "jsb": (6, 8, 256, 3_000),
+    # JSB: the paper's 3k iterations overfit our runs; config/jsb.py runs 1k, chosen on val (RESULTS.md)
+    paper = {"indirect_indexing": (8, 8, 512, 100_000), "jsb": (6, 8, 256, 1_000),
              "maestro": (6, 8, 384, 60_000), "genome": (16, 16, 1024, None)}[task]
     assert (pope["n_layer"], pope["n_head"], pope["n_embd"]) == paper[:3]
     if paper[3]:
