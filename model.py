@@ -297,8 +297,9 @@ class CausalSelfAttention(nn.Module):
             visible = (torch.arange(k.size(2), device=k.device) <= pos0)[None, :]
             if self.pos_emb == "pope":
                 qc = pope_cartesian(q, pos0.view(1), None, self.pope_base).to(v.dtype)
-                kc = pope_cartesian(k, torch.arange(k.size(2), device=k.device), pope_delta(self.delta, self.delta_bound),
-                                    self.pope_base, is_mu=True).to(v.dtype)
+                kpos = torch.arange(k.size(2), device=k.device)
+                delta = pope_delta(self.delta, self.delta_bound)
+                kc = pope_cartesian(k, kpos, delta, self.pope_base, is_mu=True).to(v.dtype)
                 y = F.scaled_dot_product_attention(qc, kc, v, attn_mask=visible, scale=self.scale)
             else:
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=self.scale)

@@ -27,7 +27,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("ckpts", nargs="+", help="train.py checkpoints (ckpt.pt) of PoPE models")
     args = ap.parse_args()
-    print("| run | bound | entries | moved (> 0.01 rad) | median abs phase, rad | parameter outside [-2pi, 0] (no gradient under the clamp) |")
+    print("| run | bound | entries | moved (> 0.01 rad) | median abs phase, rad | "
+          "parameter outside [-2pi, 0] (no gradient under the clamp) |")
     print("|---|---|---:|---:|---:|---:|")
     for path in args.ckpts:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
