@@ -295,14 +295,12 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.update_static(self.layer_idx, k, v) if static else cache.update(self.layer_idx, k, v)
         if static:  # one query at pos_t against the whole cache: keys past it masked out
             visible = (torch.arange(k.size(2), device=k.device) <= pos0)[None, :]
-            if self.pos_emb == "pope":
-                qc = pope_cartesian(q, pos0.view(1), None, self.pope_base).to(v.dtype)
+            if self.pos_emb == "pope":  # the Cartesian 2D-long q and k, as pope_attention_torch builds them
                 kpos = torch.arange(k.size(2), device=k.device)
                 delta = pope_delta(self.delta, self.delta_bound)
-                kc = pope_cartesian(k, kpos, delta, self.pope_base, is_mu=True).to(v.dtype)
-                y = F.scaled_dot_product_attention(qc, kc, v, attn_mask=visible, scale=self.scale)
-            else:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=self.scale)
+                q = pope_cartesian(q, pos0.view(1), None, self.pope_base).to(v.dtype)
+                k = pope_cartesian(k, kpos, delta, self.pope_base, is_mu=True).to(v.dtype)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=self.scale)
         elif self.pos_emb == "pope":
             y = self.pope(q, k, v, pos0, k_is_mu)
         else:
@@ -529,6 +527,12 @@ def sample_next(logits, temperature=1.0, top_k=None, vocab_size=None):
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 
 
+def checkpoint_model_args(ckpt):
+    """A train.py checkpoint's model_args. Checkpoints written before pope_delta_bound
+    existed were trained with the clamp, so they get it: their delta reads as trained."""
+    return {"pope_delta_bound": "clamp", **ckpt["model_args"]}
+
+
 def load_checkpoint(path, device="cpu", **overrides):
     """Load a train.py checkpoint: returns (model in eval mode, checkpoint dict).
     overrides replace GPTConfig fields (e.g. attn_impl="torch"). The file is read
@@ -537,7 +541,7 @@ def load_checkpoint(path, device="cpu", **overrides):
         ckpt = torch.load(path, map_location=device, weights_only=True)
     except FileNotFoundError:
         raise FileNotFoundError(f"checkpoint {path} not found; train one with train.py (it writes out_dir/ckpt.pt)") from None
-    model_args = {"pope_delta_bound": "clamp", **ckpt["model_args"]}  # older checkpoints: trained with the clamp
+    model_args = checkpoint_model_args(ckpt)
     valid = {f.name for f in fields(GPTConfig)}
     unknown = set(overrides) - valid
     if unknown:
