@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, checkpoint_model_args
 from prepare.common import Data, PrepareError, make_gen, write_atomic, write_json
 
 # -----------------------------------------------------------------------------
@@ -317,12 +317,12 @@ def resume_config(cfg, given, defaults):
         sys.exit(f"error: checkpoint {path} not found; train first, or fix out_dir / init_from")
     try:  # tensors and plain types only: a file that needs code to unpickle is refused
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        ckpt["model_args"].setdefault("pope_delta_bound", "clamp")  # older checkpoints: trained with the clamp
     except Exception as e:  # noqa: BLE001
         why = re.sub(r"\x1b\[[0-9;]*m", "", str(e).splitlines()[0])[:160]
         sys.exit(f"error: cannot load {path} safely ({type(e).__name__}: {why}); "
                  "train.py writes checkpoints of tensors and plain types only, so this file was made by another "
                  "program or an older version")
+    ckpt["model_args"] = checkpoint_model_args(ckpt)
     if cfg["init_from"] != "resume":
         return cfg, ckpt
     clash = [f"{k}={cfg[k]!r} (checkpoint: {ckpt['model_args'][k]!r})" for k in MODEL_KEYS
@@ -332,6 +332,8 @@ def resume_config(cfg, given, defaults):
                  f"Drop those settings, or start a new run with another --out_dir")
     merged = dict(defaults)
     merged.update({k: v for k, v in ckpt["config"].items() if k in defaults})
+    # the model is the checkpoint's (also for keys its config predates)
+    merged.update({k: ckpt["model_args"][k] for k in MODEL_KEYS if k not in RESUME_MAY_CHANGE})
     merged.update({k: cfg[k] for k in given})
     return merged, ckpt
 

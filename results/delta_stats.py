@@ -20,7 +20,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from model import pope_delta  # noqa: E402
+from model import checkpoint_model_args, pope_delta  # noqa: E402
 
 
 def main():
@@ -32,7 +32,7 @@ def main():
     print("|---|---|---:|---:|---:|---:|")
     for path in args.ckpts:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        bound = ckpt["model_args"].get("pope_delta_bound", "clamp")  # older checkpoints: the clamp
+        bound = checkpoint_model_args(ckpt)["pope_delta_bound"]
         raw = [v.double() for k, v in ckpt["model"].items() if k.endswith("attn.delta")]
         if not raw:
             sys.exit(f"error: {path} has no PoPE delta (pos_emb={ckpt['model_args'].get('pos_emb')!r})")

@@ -246,6 +246,22 @@ def test_checkpoints_are_never_lost(data_root, tmp_path):
     assert sorted(losses(tmp_path / "o")) == [0, 1]
 
 
+def test_resume_of_a_checkpoint_older_than_the_delta_bound_keeps_the_clamp(data_root, tmp_path):
+    """A checkpoint written before pope_delta_bound existed was trained with the clamp:
+    resuming it keeps the clamp, in the model and in the config it saves."""
+    common = [os.path.join(ROOT, "train.py"), f"--data_dir={data_root}", "--dataset=toy", "--out_dir=o",
+              "--eval_interval=2"] + TINY
+    run(common + ["--max_iters=2"], tmp_path)
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["model_args"]["pope_delta_bound"] == "wrap"
+    del ck["model_args"]["pope_delta_bound"], ck["config"]["pope_delta_bound"]
+    torch.save(ck, tmp_path / "o" / "ckpt.pt")
+    run(common + ["--max_iters=4", "--init_from=resume"], tmp_path)
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["iter_num"] == 4
+    assert ck["model_args"]["pope_delta_bound"] == "clamp" and ck["config"]["pope_delta_bound"] == "clamp"
+
+
 def test_resume_takes_the_dataset_from_the_checkpoint(data_root, tmp_path):
     """The README's 'evaluate a checkpoint' command names neither dataset nor data_dir."""
     run([os.path.join(ROOT, "train.py"), f"--data_dir={data_root}", "--dataset=rows", "--out_dir=o", "--max_iters=2",
