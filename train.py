@@ -60,6 +60,9 @@ data_dir = "data"  # datasets live in data_dir/<dataset>/
 gradient_accumulation_steps = 4  # micro-steps per optimizer step (global, split over DDP ranks)
 batch_size = 16  # micro-batch size
 block_size = 1024
+# the training loss only on the tokens {split}_mask.bin scores (where the dataset has masks); False: on
+# every token of the training split. The eval always scores the masked tokens (its acc stays the target's)
+train_mask = True
 # model
 n_layer = 12
 n_head = 12
@@ -237,7 +240,7 @@ class GraphedStep:
 
     def __init__(self, model, raw_model, optimizer, data, cfg, dev, ctx, accum):
         params = list(raw_model.parameters())
-        tokens, mask = data.arrays("train")
+        tokens, mask = data.arrays("train", masked=cfg["train_mask"])
         self.tokens = torch.from_numpy(np.asarray(tokens).astype(np.int32)).to(dev)
         self.mask = torch.from_numpy(np.asarray(mask)).to(dev) if mask is not None else None
         self.offsets = torch.arange(data.T + 1, device=dev)
@@ -534,7 +537,8 @@ def main(argv):
         loss_acc = torch.zeros((), device=dev)
         for micro in range(accum if graphed is None else 0):
             gen = make_gen(cfg["seed"], iter_num, rank * accum + micro)
-            x, y, m = data.batch("train", data.starts("train", cfg["batch_size"], gen), dev)
+            starts = data.starts("train", cfg["batch_size"], gen)
+            x, y, m = data.batch("train", starts, dev, masked=cfg["train_mask"])
             sync = (not ddp) or micro == accum - 1
             with (nullcontext() if sync else model.no_sync()):
                 with ctx:

@@ -676,11 +676,13 @@ class Data:
                 raise PrepareError(f"{data_dir}/{split}.bin holds {n} tokens, fewer than one sequence "
                                    f"({need}); use a smaller block_size or a larger split")
 
-    def arrays(self, split):
+    def arrays(self, split, masked=True):
+        """(tokens, mask) memmaps of a split; mask None without {split}_mask.bin or
+        with masked=False (then every token is a target: train.py's train_mask=False)."""
         # a fresh memmap per batch, as nanoGPT does, avoids a memory leak
         data = np.memmap(os.path.join(self.dir, f"{split}.bin"), dtype=self.dtype, mode="r")
         mpath = os.path.join(self.dir, f"{split}_mask.bin")
-        mask = np.memmap(mpath, dtype=np.uint8, mode="r") if os.path.isfile(mpath) else None
+        mask = np.memmap(mpath, dtype=np.uint8, mode="r") if masked and os.path.isfile(mpath) else None
         return data, mask
 
     def starts(self, split, n, gen):
@@ -702,9 +704,9 @@ class Data:
         split_id = {"train": 0, "val": 1, "test": 2}.get(split, 3)
         return [self.starts(split, n, make_gen(seed, split_id, k)) for k in range(iters)]
 
-    def batch(self, split, starts, device):
+    def batch(self, split, starts, device, masked=True):
         import torch
-        data, mask = self.arrays(split)
+        data, mask = self.arrays(split, masked)
         # one fancy-indexed gather for all rows: a Python loop over rows costs milliseconds per
         # step, which is most of a step for the small task models
         ix = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(self.T + 1)

@@ -1,45 +1,66 @@
 #!/bin/bash
 # RESULTS.md, section 1 (indirect indexing): the paper's task, model and schedule
-# (config/indirect_indexing.py: 8 layers, 512 wide, 100k steps of 64 examples), PoPE and
-# RoPE, then loss and accuracy of the final checkpoint on the whole val and test splits.
+# (config/indirect_indexing.py: 8 layers, 512 wide, 100k steps of 64 examples), PoPE, RoPE and
+# NoPE, then loss and accuracy of the final checkpoint on the whole val and test splits.
 #
 # Needs:   1-2 CUDA GPUs; runs are spread over the GPUs of CUDA_VISIBLE_DEVICES (default: all),
-#          one run per GPU, or side by side on one. The data is generated here if missing
+#          round robin, several side by side on one. The data is generated here if missing
 #          (python prepare/indirect_indexing.py, a few seconds).
-# Time:    H200, the whole step as one CUDA graph (cuda_graph=True, ~4 ms/step): about 10 min
-#          for PoPE and RoPE of one seed on 2 GPUs (one run each); more than twice that on one.
-# Outputs: results/indirect_indexing/
+# Time:    H200, the whole step as one CUDA graph (cuda_graph=True, ~4 ms/step alone): about
+#          8 min for one 100k-step run alone on a GPU; runs side by side share it.
+# Outputs: results/indirect_indexing/<OBJECTIVE>[-<VARIANT>]/
 #          seed<S>-<pe>.log            the training log (train loss every 100 steps, val every 2000)
-#          seed<S>-<pe>/metrics.jsonl  the same as JSON lines (ckpt.pt beside it: the final checkpoint)
+#          seed<S>-<pe>/metrics.jsonl  the same as JSON lines (ckpt.pt beside it: the last checkpoint)
 #          seed<S>-<pe>/eval.json      val and test loss and accuracy over the whole splits
 #          seed<S>-<pe>-test.log       that evaluation's output
 #          summary.md                  python results/summarize.py over the eval.json files
 #          env.txt                     date, GPUs, driver, torch and triton versions
 # Settings (environment variables):
-#   SEEDS="1337"      seeds, one PoPE and one RoPE run each
-#   POS_EMBS="pope rope"   add "none" for NoPE
-#   STEPS=100000      another N compresses the schedule to N steps (warmup N/25, eval every N/10,
-#                     the best-val checkpoint is tested; run folders seed<S>-<pe>-<N>steps)
+#   OBJECTIVE=target  the training loss on the target letter only (train_mask=True), or
+#             all     on every token of the training rows (train_mask=False); the eval always
+#                     scores the target letter
+#   VARIANT=""        the paper's format; shift_token (the shift as one of 31 tokens) or
+#                     question_first (source letter and shift before the string): see
+#                     python prepare/indirect_indexing.py --help
+#   SEEDS="1337"      seeds, one run per pos_emb each
+#   POS_EMBS="pope rope none"
+#   STEPS=100000      another N compresses the schedule to N steps (warmup N/25, eval every N/10;
+#                     run folders seed<S>-<pe>-<N>steps)
 #   EXTRA="--key=value ..."  appended to every train.py call
-# train.py will not start a new run in a folder that holds ckpt.pt or metrics.jsonl, as the
-# measured runs kept here do (seeds 1337, 1338): pick other SEEDS, delete the folder, or pass
-# EXTRA=--overwrite=True.
+#   RESULTS=results/indirect_indexing   where the run folders go
+# A run with an eval.json is kept; one with a checkpoint short of its last step is resumed
+# (train.py resumes exactly), one without a checkpoint is started again. So the script can be
+# stopped and run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+OBJECTIVE=${OBJECTIVE:-target}
+VARIANT=${VARIANT:-}
 SEEDS=${SEEDS:-1337}
-POS_EMBS=${POS_EMBS:-pope rope}
+POS_EMBS=${POS_EMBS:-pope rope none}
 STEPS=${STEPS:-100000}
 EXTRA=${EXTRA:-}
-OUT=results/indirect_indexing
+RESULTS=${RESULTS:-results/indirect_indexing}
+case $OBJECTIVE in
+    target) MASK=True ;;
+    all)    MASK=False ;;
+    *)      echo "OBJECTIVE must be target or all, got $OBJECTIVE"; exit 1 ;;
+esac
+case $VARIANT in
+    "")             DATASET=indirect_indexing; PREP="" ;;
+    shift_token)    DATASET=indirect_indexing_shift_token; PREP="--shift_format token" ;;
+    question_first) DATASET=indirect_indexing_question_first; PREP="--order question_first" ;;
+    *)              echo "VARIANT must be empty, shift_token or question_first, got $VARIANT"; exit 1 ;;
+esac
+OUT=$RESULTS/$OBJECTIVE${VARIANT:+-$VARIANT}
 source results/setup.sh  # GPU list, logging, $OUT/env.txt
 
-[ -f data/indirect_indexing/meta.json ] || python prepare/indirect_indexing.py
+[ -f data/$DATASET/meta.json ] || python prepare/indirect_indexing.py $PREP --out_dir data/$DATASET
 
 if [ "$STEPS" = 100000 ]; then
     SCHEDULE="--always_save_checkpoint=True"  # the config's schedule; a checkpoint at every eval, the last is tested
     TAG=""
 else
-    SCHEDULE="--max_iters=$STEPS --lr_decay_iters=$STEPS --warmup_iters=$((STEPS / 25)) --eval_interval=$((STEPS / 10))"
+    SCHEDULE="--max_iters=$STEPS --lr_decay_iters=$STEPS --warmup_iters=$((STEPS / 25)) --eval_interval=$((STEPS / 10)) --always_save_checkpoint=True"
     TAG=-${STEPS}steps
 fi
 
@@ -48,9 +69,15 @@ i=0; pids=()
 for s in $SEEDS; do
     for pe in $POS_EMBS; do
         run=seed$s-$pe$TAG
+        [ -f $OUT/$run/eval.json ] && continue
+        if [ -f $OUT/$run/ckpt.pt ]; then
+            START="--init_from=resume"; echo "--- resumed" >> $OUT/$run.log
+        else
+            START="--overwrite=True"; : > $OUT/$run.log
+        fi
         CUDA_VISIBLE_DEVICES=${GPU[i % ${#GPU[@]}]} python train.py config/indirect_indexing.py \
-            --pos_emb=$pe --seed=$s --out_dir=$OUT/$run --compile=True --cuda_graph=True \
-            $SCHEDULE $EXTRA > $OUT/$run.log 2>&1 &
+            --dataset=$DATASET --train_mask=$MASK --pos_emb=$pe --seed=$s --out_dir=$OUT/$run \
+            --compile=True --cuda_graph=True $SCHEDULE $START $EXTRA >> $OUT/$run.log 2>&1 &
         pids+=($!); i=$((i + 1))
     done
 done
@@ -61,8 +88,9 @@ fail=0; for p in "${pids[@]}"; do wait $p || fail=1; done
 for s in $SEEDS; do
     for pe in $POS_EMBS; do
         run=seed$s-$pe$TAG
+        [ -f $OUT/$run/eval.json ] && continue
         CUDA_VISIBLE_DEVICES=${GPU[0]} python train.py --out_dir=$OUT/$run --init_from=resume --eval_only=True \
-            --eval_full=True --eval_splits=val,test --compile=False $EXTRA > $OUT/$run-test.log 2>&1
+            --eval_full=True --eval_splits=val,test --compile=False > $OUT/$run-test.log 2>&1
     done
 done
 python results/summarize.py $OUT/seed*/eval.json | tee $OUT/summary.md

@@ -93,6 +93,38 @@ def test_rows_and_loss_mask(data_root, tmp_path):
     assert full["val"]["tokens"] == 200 and full["full"] is True
 
 
+def test_train_mask_false_trains_on_every_token(data_root, tmp_path):
+    """train_mask=False: the training loss covers every token of a row, the eval still
+    scores the masked target only. The logged iteration-0 losses are checked against
+    a float64 cross-entropy of the same initial model on the same batch."""
+    import torch.nn.functional as F
+    sys.path.insert(0, ROOT)
+    from model import GPT, GPTConfig
+    from prepare.common import Data, make_gen
+    seed = int(np.random.default_rng().integers(1 << 30))
+    args = [os.path.join(ROOT, "train.py"), f"--data_dir={data_root}", "--dataset=rows"] + TINY + [
+        "--max_iters=1", "--eval_interval=1", "--gradient_accumulation_steps=1", f"--seed={seed}"]
+    recs = {}
+    for flag in (True, False):
+        run(args + [f"--out_dir=o{flag}", f"--train_mask={flag}"], tmp_path)
+        recs[flag] = [json.loads(line) for line in open(tmp_path / f"o{flag}" / "metrics.jsonl")]
+    # the same model and batch as train.py's iteration 0, scored independently
+    data = Data(str(data_root / "rows"), 32, ["train", "val"])
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=20)).double().eval()
+    x, y, m = data.batch("train", data.starts("train", 4, make_gen(seed, 0, 0)), "cpu")
+    with torch.no_grad():
+        nll = F.cross_entropy(model(x, y)[0].double().flatten(0, 1), y.flatten(), reduction="none").view_as(y)
+    want = {True: (nll * m).sum() / m.sum(), False: nll.mean()}
+    assert m.sum() == 4 and float(want[True]) != pytest.approx(float(want[False]), abs=1e-3), seed
+    for flag in (True, False):
+        got = next(r["loss"] for r in recs[flag] if r.get("iter") == 0 and "loss" in r)
+        assert got == pytest.approx(float(want[flag]), abs=1e-4), (seed, flag, got, float(want[flag]))
+    # the eval before the first step is the same (masked) evaluation for both settings
+    ev = {flag: next(r["eval"] for r in recs[flag] if "eval" in r) for flag in (True, False)}
+    assert ev[True] == ev[False] and ev[False]["val"]["tokens"] == 2 * 4, seed
+
+
 def test_ddp_matches_single_process(data_root, tmp_path):
     common = [f"--data_dir={data_root}", "--dataset=toy", "--eval_interval=3", "--max_iters=6",
               "--gradient_accumulation_steps=4", "--lr_decay_iters=6"] + TINY
