@@ -19,6 +19,7 @@ torch.compile + CUDA graphs (CUDA only).
 
 import argparse
 import importlib
+import math
 import os
 import sys
 import time
@@ -27,7 +28,7 @@ from contextlib import nullcontext
 import torch
 
 from model import load_checkpoint
-from prepare.common import PrepareError, codec
+from prepare.common import PrepareError, check_writable, checkpoint_error, codec, prepare_scripts
 
 
 def main(argv=None):
@@ -46,10 +47,31 @@ def main(argv=None):
     args = p.parse_args(argv)
     for ok, msg in ((args.num_samples >= 1, "--num_samples must be >= 1"),
                     (args.max_new_tokens >= 1, "--max_new_tokens must be >= 1"),
-                    (args.temperature >= 0, "--temperature must be >= 0 (0 = greedy)"),
+                    (math.isfinite(args.temperature) and args.temperature >= 0,  # inf would sample uniformly
+                     f"--temperature must be >= 0 and finite (0 = greedy), got {args.temperature}"),
                     (args.top_k >= 1, "--top_k must be >= 1 (1 = greedy)")):
         if not ok:
-            p.error(msg)
+            sys.exit(print(f"error: {msg}", file=sys.stderr) or 2)
+    start = args.start
+    if start.startswith("FILE:"):  # read before the checkpoint: a wrong path fails at once
+        path = start[5:]
+        try:
+            with open(path, encoding="utf-8") as f:
+                start = f.read()
+        except FileNotFoundError:
+            sys.exit(f"error: --start=FILE:{path}: no such file; give the path of a text file holding the prompt")
+        except IsADirectoryError:
+            sys.exit(f"error: --start=FILE:{path} is a folder; give the path of a text file holding the prompt")
+        except UnicodeDecodeError as e:
+            sys.exit(f"error: --start=FILE:{path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                     f"{e.start}); the prompt file holds text in the dataset's format")
+        except OSError as e:
+            sys.exit(f"error: --start=FILE:{path}: cannot read it ({e.strerror or e})")
+    if args.save:  # before the slow part: a folder that cannot be written is refused now
+        try:
+            check_writable(f"{args.save}_0", "--save")
+        except PrepareError as e:
+            sys.exit(f"error: {e}")
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -63,9 +85,20 @@ def main(argv=None):
     try:
         model, ckpt = load_checkpoint(ckpt_path, device=device)
     except Exception as e:  # noqa: BLE001  (weights_only refuses anything but tensors and plain types)
-        sys.exit(f"error: cannot load {ckpt_path} as a train.py checkpoint ({type(e).__name__}: {str(e)[:200]})")
+        sys.exit(f"error: {checkpoint_error(ckpt_path, e)}")
+    # one pass over the weights: NaN/inf ones would decode blank text or crash the sampler
+    bad = [k.removeprefix("_orig_mod.") for k, v in ckpt["model"].items()
+           if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        sys.exit(f"error: {ckpt_path} holds NaN or inf weights ({len(bad)} of {len(ckpt['model'])} tensors, "
+                 f"e.g. {bad[0]}), so every sample would be noise; use a checkpoint whose weights are finite")
     meta = ckpt.get("meta", {})
-    fmt = importlib.import_module("prepare." + meta["format"]) if meta.get("format") else None
+    fmt = None
+    if meta.get("format"):  # the dataset's own token names, from prepare/<format>.py
+        if meta["format"] not in (known := prepare_scripts()):
+            sys.exit(f"error: {ckpt_path} names the dataset format {meta['format']!r}, which no prepare/ script "
+                     f"here reads (known: {', '.join(known)}); sample with the version of this code that wrote it")
+        fmt = importlib.import_module("prepare." + meta["format"])
     try:
         encode, decode = codec(meta)
     except (PrepareError, ValueError) as e:
@@ -74,10 +107,6 @@ def main(argv=None):
         encode = (lambda s: fmt.encode(s, meta)) if hasattr(fmt, "encode") else encode  # noqa: E731
         decode = (lambda ids: fmt.decode(ids, meta)) if hasattr(fmt, "decode") else decode  # noqa: E731
 
-    start = args.start
-    if start.startswith("FILE:"):
-        with open(start[5:], encoding="utf-8") as f:
-            start = f.read()
     try:
         ids = encode(start) if start else []
     except (ValueError, KeyError, SystemExit) as e:

@@ -15,6 +15,7 @@ import re
 import shlex
 import shutil
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -102,6 +103,49 @@ def codec(meta):
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
+
+
+# -----------------------------------------------------------------------------
+# one-line errors shared by the scripts
+
+def checkpoint_error(path, e):
+    """One line saying why torch.load(path, weights_only=True) (or
+    model.load_checkpoint) failed with e. torch's own text for a file that needs
+    pickle spans lines and offers to load it with weights_only=False; here such a
+    file is refused, and the line says why: loading it would run code."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    if type(e).__name__ == "UnpicklingError":  # pickle's, re-raised by torch.load's weights-only unpickler
+        glob = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+        if glob:
+            return (f"cannot load {path}: refused, because loading it would run code (it asks to call "
+                    f"{glob.group(1)}); train.py writes checkpoints of tensors and plain types only, so this "
+                    "file was made by another program")
+        detail = (text.split("WeightsUnpickler error:")[-1].strip().splitlines() or [""])[0]
+        return f"cannot load {path}: not a torch checkpoint, or a damaged one (unpickling stopped: {detail[:120]})"
+    first = (text.strip().splitlines() or [""])[0]
+    return f"cannot load {path} as a train.py checkpoint ({type(e).__name__}: {first[:200]})"
+
+
+def check_writable(path, option):
+    """Refuse (PrepareError), before any slow work, an output file that cannot be
+    written: a folder, or one whose folder (or, when that does not exist yet, the
+    nearest one above it that does) takes no new file: read-only, no permission.
+    Probes with a temporary file; creates nothing that stays."""
+    p = Path(os.path.abspath(path))
+    if p.is_dir():
+        raise PrepareError(f"{option} {path} is a folder; give a file name")
+    folder = p.parent
+    while not os.path.lexists(folder):
+        folder = folder.parent
+    if not folder.is_dir():
+        raise PrepareError(f"{option} {path}: {folder} is a file, not a folder")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".write-check-")
+    except OSError as e:
+        raise PrepareError(f"{option} {path}: cannot write into {folder} ({e.strerror or e}); "
+                           "give a path in a writable folder") from None
+    os.close(fd)
+    os.unlink(tmp)
 
 
 # -----------------------------------------------------------------------------
@@ -401,9 +445,12 @@ def _swap_in(stage, target):
 
 
 def check_out_dir(out_dir):
-    """Refuse (PrepareError) an out_dir that holds files of its own, early, before a
-    long input phase (staged_dataset checks again)."""
-    _check_target(dataset_target(out_dir))
+    """Refuse (PrepareError) an out_dir that holds files of its own, or one beside
+    which no staging folder can be made (read-only, no permission), early, before
+    a long input phase (staged_dataset checks again)."""
+    target = dataset_target(out_dir)
+    _check_target(target)
+    check_writable(target.with_name(f"{target.name}.tmp-{os.getpid()}"), "--out_dir")
 
 
 def dataset_target(out_dir):
@@ -422,16 +469,34 @@ def staged_dataset(out_dir):
     _recover(target)
     _check_target(target)
     stage = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    stage.mkdir()
     try:
-        yield stage
+        target.parent.mkdir(parents=True, exist_ok=True)
+        stage.mkdir()
+    except OSError as e:
+        raise PrepareError(f"--out_dir {out_dir}: cannot create {stage} ({e.strerror or e}); the new set is written "
+                           "there, beside out_dir, and swapped in: give an --out_dir in a writable folder") from None
+    try:
+        try:
+            yield stage
+        except OSError as e:  # disk full, read-only, ... while writing the set: one line; out_dir is untouched
+            if e.errno not in _WRITE_ERRNOS:
+                raise
+            raise PrepareError(f"could not write {e.filename or stage} ({e.strerror or e}); {target} was left "
+                               f"as it was. {_WRITE_ERRNOS[e.errno]}") from None
         _check_stage(stage)
         _swap_in(stage, target)
     except BaseException:
         if stage.exists():
             shutil.rmtree(stage, ignore_errors=True)
         raise
+
+
+_WRITE_ERRNOS = {
+    errno.ENOSPC: "Free some disk space, or give an --out_dir on another disk",
+    errno.EDQUOT: "Free some space within your disk quota, or give an --out_dir on another disk",
+    errno.EFBIG: "The file system limits file sizes: give an --out_dir on another file system",
+    errno.EROFS: "Give an --out_dir on a writable file system",
+}  # only errors that a write alone raises (EACCES can also be an input file's)
 
 
 # -----------------------------------------------------------------------------
@@ -496,13 +561,18 @@ PREPARE_COMMANDS = {
 }
 
 
+def prepare_scripts():
+    """The names of the prepare scripts (a checkpoint's meta["format"] is one)."""
+    return sorted(p.stem for p in Path(__file__).parent.glob("*.py") if p.stem not in ("__init__", "common"))
+
+
 def prepare_command(name):
     """The command that makes the dataset data/<name> (for a dataset without a
     readable meta.json; one that has it records its own in meta["prepare"]).
     For an unknown name: a sentence listing the prepare scripts."""
     if name in PREPARE_COMMANDS:
         return PREPARE_COMMANDS[name]
-    scripts = sorted(p.stem for p in Path(__file__).parent.glob("*.py") if p.stem not in ("__init__", "common"))
+    scripts = prepare_scripts()
     return (f"no prepare command is known for a dataset named {name!r}; the prepare scripts are "
             + ", ".join(f"python prepare/{s}.py" for s in scripts)
             + " (see README.md, Data; each takes --out_dir)")
@@ -761,9 +831,13 @@ def download(url, dest, hint, timeout=15.0):
 
 
 def run_main(main_fn, argv=None):
-    """Call main_fn(argv); print a PrepareError as 'error: ...' and exit 2."""
+    """Call main_fn(argv); print a PrepareError (or an OSError) as one line
+    'error: ...' and exit 2."""
     try:
         main_fn(argv)
     except PrepareError as e:
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # a file error outside the staged writes (which say more): still one line
+        print(f"error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
         sys.exit(2)

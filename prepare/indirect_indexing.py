@@ -41,6 +41,7 @@ strings of 8-12 letters, shifts in [-3, +3], rows of 23 tokens, 100k / 10k /
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -195,6 +196,14 @@ def rebuild_command(args):
     return common.command_line(NAME, build_parser(), args, defaults={"out_dir": str(common.default_out_dir(name))})
 
 
+def _physical_memory():
+    """This machine's RAM in bytes, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     command = rebuild_command(args)
@@ -211,7 +220,17 @@ def main(argv=None):
     if not 0 <= args.max_shift < args.min_len <= args.max_len <= 52:
         raise common.PrepareError("need 0 <= max_shift < min_len <= max_len <= 52 "
                                   f"(got max_shift {args.max_shift}, min_len {args.min_len}, max_len {args.max_len})")
+    if args.seed < 0:  # numpy's SeedSequence takes non-negative integers only
+        raise common.PrepareError(f"--seed must be >= 0, got {args.seed}")
     row_len = row_len_for(args.max_len, args.max_shift)
+    # a split is built in memory: its uint8 rows and mask, then the uint16 copy written (~4 bytes a token)
+    split, n = max(sizes.items(), key=lambda kv: kv[1])
+    need, have = 4 * n * row_len, _physical_memory()
+    if have and need > have:
+        raise common.PrepareError(
+            f"--n_{split} {n:,}: the {split} split is built in memory and needs about {need / 2**30:,.1f} GiB "
+            f"({row_len} tokens an example, ~4 bytes a token), more than this machine's {have / 2**30:,.1f} GiB; "
+            f"pass a smaller --n_{split} (at most ~{have // (4 * row_len):,})")
     counts = {}
     with common.staged_dataset(out_dir) as stage:
         for split, n in sizes.items():

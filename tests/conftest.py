@@ -3,7 +3,11 @@ the real data samples.
 
 The gpt2 encoding comes from TIKTOKEN_CACHE_DIR; when it is unset, a writable
 copy of ../shared/tiktoken_cache (next to the repo) is used, as in CI. The real
-samples come from $POPE_SHARED_DATA, else ../shared/data."""
+samples come from $POPE_SHARED_DATA, else ../shared/data. The fixture readonly
+makes a folder act as if on a read-only file system."""
+import builtins
+import errno
+import io
 import os
 import shutil
 import sys
@@ -33,3 +37,41 @@ def shared_data():
     if not path.is_dir():
         (pytest.fail if env else pytest.skip)(f"shared data not found at {path} (set POPE_SHARED_DATA)")
     return path
+
+
+@pytest.fixture
+def readonly(monkeypatch):
+    """readonly(root, err=EROFS): from then on (until monkeypatch.undo() or the
+    test's end) every call that would create, change or remove something strictly
+    under root raises OSError(err), as on a read-only file system; reads work. The
+    disk-level calls are patched (os.mkdir/open/rename/replace/unlink/remove/rmdir,
+    open for writing), so the code under test fails wherever it writes."""
+    def apply(root, err=errno.EROFS):
+        root = Path(os.path.abspath(root))
+
+        def inside(p):
+            try:
+                return root in Path(os.path.abspath(os.fsdecode(p))).parents
+            except TypeError:  # a file descriptor
+                return False
+
+        def guard(fn, n_paths=1, writes=lambda *a, **k: True):
+            def wrapped(*args, **kwargs):
+                for p in args[:n_paths]:
+                    if inside(p) and writes(*args, **kwargs):
+                        raise OSError(err, os.strerror(err), os.fsdecode(p))
+                return fn(*args, **kwargs)
+            return wrapped
+
+        def open_writes(file, mode="r", *a, **k):
+            return any(c in mode for c in "wax+")
+
+        def os_open_writes(path, flags, *a, **k):
+            return bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+
+        for name, n in (("mkdir", 1), ("rename", 2), ("replace", 2), ("unlink", 1), ("remove", 1), ("rmdir", 1)):
+            monkeypatch.setattr(os, name, guard(getattr(os, name), n))
+        monkeypatch.setattr(os, "open", guard(os.open, 1, os_open_writes))
+        monkeypatch.setattr(builtins, "open", guard(builtins.open, 1, open_writes))
+        monkeypatch.setattr(io, "open", guard(io.open, 1, open_writes))
+    return apply
