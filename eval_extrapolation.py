@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import load_checkpoint
-from prepare.common import PrepareError, codec, write_atomic, write_json
+from prepare.common import PrepareError, check_writable, checkpoint_error, codec, write_atomic, write_json
 
 DEFAULT_MAX_TOKENS = 1 << 20  # default cap on the scored tokens per length
 
@@ -77,6 +77,17 @@ def parse_args(argv):
         die(f"--labels has {len(args.labels)} names for {len(args.ckpt)} checkpoints")
     if missing := [path for path in args.ckpt if not os.path.isfile(path)]:  # fail before the slow part
         die(f"checkpoint {missing[0]} not found (train one with train.py: it writes out_dir/ckpt.pt)")
+    if args.plot:  # asked for a plot: no matplotlib is an error, found now rather than after the run
+        try:
+            import matplotlib.figure  # noqa: F401
+        except ImportError:
+            die(f"--plot {args.plot} needs matplotlib: pip install matplotlib (or drop --plot)")
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            try:
+                check_writable(path, option)
+            except PrepareError as e:
+                die(str(e))
     args.kind = data_kind(args.data)
     return args
 
@@ -147,12 +158,24 @@ def load_tokens(spec, meta, need, ckpt="the checkpoint", chunk_chars=1 << 20):
         meta_path = os.path.join(os.path.dirname(os.path.abspath(spec)), "meta.json")
         if not os.path.isfile(meta_path):
             die(f"{spec}: no meta.json beside it ({meta_path}); prepare/ writes each X.bin with a meta.json")
-        data_meta = json.loads(Path(meta_path).read_text())
+        try:
+            data_meta = json.loads(Path(meta_path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            die(f"{meta_path} (beside {spec}) is not valid JSON ({e}); rebuild the dataset with its prepare/ script")
+        if not isinstance(data_meta, dict):
+            die(f"{meta_path} (beside {spec}) holds a JSON {type(data_meta).__name__}, not an object; "
+                "rebuild the dataset with its prepare/ script")
         a, b = vocab_key(data_meta), vocab_key(meta)
         if a and b and a != b:
             die(f"{spec} was tokenized with a different vocabulary than {ckpt}'s training data "
                 f"({'gpt2' if a == 'gpt2' else 'characters'} vs {'gpt2' if b == 'gpt2' else 'characters'})")
-        dtype, size = np.dtype(data_meta.get("dtype", "uint16")), os.path.getsize(spec)
+        try:
+            dtype, size = np.dtype(data_meta.get("dtype", "uint16")), os.path.getsize(spec)
+        except (TypeError, ValueError):
+            dtype = None
+        if dtype is None or dtype.kind != "u":
+            die(f"{meta_path}: dtype is {data_meta.get('dtype')!r}, expected an unsigned integer type such as "
+                "uint16 or uint32 (token ids); rebuild the dataset with its prepare/ script")
         if size % dtype.itemsize:
             die(f"{spec} has {size} bytes, not a multiple of {dtype} ({dtype.itemsize} bytes) as meta.json says")
         if os.path.isfile(os.path.splitext(spec)[0] + "_mask.bin"):
@@ -270,8 +293,8 @@ def print_tables(series, lengths):
 def write_plot(path, series, lengths):
     try:
         from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
-    except ImportError:
-        return print(f"note: matplotlib is not installed; no plot written to {path} (pip install matplotlib)")
+    except ImportError:  # parse_args checked it; gone since?
+        die(f"--plot {path} needs matplotlib: pip install matplotlib (or drop --plot)")
     ax = (fig := Figure(figsize=(7, 4.5), layout="tight")).subplots()
     for s in series:  # a null (infinite) perplexity leaves a gap
         ax.plot(lengths, [s["results"][str(L)]["ppl"] or math.nan for L in lengths], marker="o", label=s["label"])
@@ -281,7 +304,6 @@ def write_plot(path, series, lengths):
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    print(f"wrote {path}")
 
 
 def main(argv=None):
@@ -297,8 +319,8 @@ def main(argv=None):
     for i, path in enumerate(args.ckpt):
         try:
             model, ckpt = load_checkpoint(path, device, attn_impl=args.attn_impl)
-        except Exception as e:  # noqa: BLE001 (unpickling, missing keys, shapes: all say the same)
-            die(f"could not load {path} as a train.py checkpoint: {type(e).__name__}: {e}")
+        except Exception as e:  # noqa: BLE001 (unpickling, missing keys, shapes: all one line)
+            die(checkpoint_error(path, e))
         cfg, base, rope = model.config, os.path.basename(os.path.normpath(path)), model.config.pos_emb == "rope"
         label = args.labels[i] if args.labels else os.path.splitext(base)[0] if base != "ckpt.pt" else \
             os.path.basename(os.path.dirname(os.path.abspath(path)))
@@ -332,11 +354,15 @@ def main(argv=None):
               "scored_tokens": "length L: windows j < B // L, inputs [jL, jL+L), targets [jL+1, jL+L]; B = max_tokens",
               "models": {s["label"]: s for s in out}}
     result = json.loads(json.dumps(result), parse_constant=lambda _: None)  # JSON has no inf/nan: null
-    if args.json:
-        write_json(args.json, result)
-        print(f"wrote {args.json}")
-    if args.plot:
-        write_plot(args.plot, result["models"].values(), lengths)
+    writes = {"--json": (args.json, lambda: write_json(args.json, result)),
+              "--plot": (args.plot, lambda: write_plot(args.plot, result["models"].values(), lengths))}
+    for option, (path, write) in writes.items():
+        try:  # parse_args found the folders writable; a full disk still fails here
+            if path:
+                write()
+                print(f"wrote {path}")
+        except OSError as e:
+            die(f"could not write {option} {path} ({e.strerror or e}); the tables above hold the perplexities")
     return result
 
 

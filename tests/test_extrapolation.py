@@ -5,6 +5,8 @@ Tiny PoPE / RoPE checkpoints are trained by train.py in a subprocess on a
 character-level Tiny Shakespeare slice (block_size 32); the rest builds models
 in the test. The whole file runs in well under two minutes on 2 CPU cores."""
 
+import errno
+import fractions
 import json
 import math
 import os
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import types
 from contextlib import nullcontext
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -318,18 +321,25 @@ def test_budget_falls_back_when_the_lcm_does_not_fit(env, tmp_path, capsys):
     assert "(lcm 480) fits in 399 tokens" in capsys.readouterr().err
 
 
-def test_plot_or_note(env, tmp_path, capsys):
+def test_plot(env, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
     png = tmp_path / "p.png"
     run_eval(["--ckpt", env.ckpts["pope"], "--data", env.val, "--lengths", "32,64", "--max_tokens", "128",
               "--plot", str(png)], tmp_path)
-    out = capsys.readouterr().out
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        assert "matplotlib is not installed" in out and not png.exists()
-    else:
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert sorted(os.listdir(tmp_path)) == (["p.png"] if png.exists() else []) + ["r.json"]  # no temp files left
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {png}" in capsys.readouterr().out
+    assert sorted(os.listdir(tmp_path)) == ["p.png", "r.json"]  # no temp files left
+
+
+def test_plot_without_matplotlib_is_an_error_before_the_run(env, tmp_path, monkeypatch):
+    """It was a note on stdout and exit 0: the user asked for a plot."""
+    for name in ("matplotlib", "matplotlib.figure"):
+        monkeypatch.setitem(sys.modules, name, None)  # import matplotlib.figure raises ImportError
+    monkeypatch.setattr(ex, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a checkpoint first"))
+    png = tmp_path / "p.png"
+    msg = err(["--ckpt", env.ckpts["pope"], "--data", env.val, "--lengths", "32", "--plot", str(png),
+               "--json", str(tmp_path / "r.json")])
+    assert msg == f"error: --plot {png} needs matplotlib: pip install matplotlib (or drop --plot)"
+    assert os.listdir(tmp_path) == []
 
 
 def test_progress_and_attention_path_on_stderr(env, tmp_path, capsys):
@@ -460,7 +470,8 @@ def test_clear_errors(env, tmp_path, monkeypatch):
     env.val_ids.tofile(tmp_path / "lone" / "x.bin")
     assert "no meta.json beside it" in err(["--ckpt", ck, "--data", str(tmp_path / "lone" / "x.bin")])
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
-    assert "could not load" in err(["--ckpt", str(tmp_path / "junk.pt"), "--data", val])
+    assert err(["--ckpt", str(tmp_path / "junk.pt"), "--data", val]).startswith(
+        f"error: cannot load {tmp_path / 'junk.pt'}: not a torch checkpoint, or a damaged one (")
     (ddir / "meta.json").write_text(json.dumps({"vocab_size": 50304, "dtype": "uint16", "tokenizer": "gpt2"}))
     env.val_ids.tofile(ddir / "val.bin")
     assert "different vocabulary" in err(["--ckpt", ck, "--data", str(ddir / "val.bin")])
@@ -471,6 +482,59 @@ def test_clear_errors(env, tmp_path, monkeypatch):
     # option checks
     assert "--yarn_only needs --yarn" in err(["--ckpt", ck, "--data", val, "--yarn_only"])
     assert "--yarn_scale must be >= 1" in err(["--ckpt", ck, "--data", val, "--yarn_scale", "0.5"])
+
+
+@pytest.mark.parametrize("meta, want", [
+    ("{not json", "is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); "
+                  "rebuild the dataset with its prepare/ script"),
+    ("[1, 2]", "holds a JSON list, not an object; rebuild the dataset with its prepare/ script"),
+    ({"dtype": "uint1x"}, "dtype is 'uint1x', expected an unsigned integer type such as uint16 or uint32"),
+    ({"dtype": 16}, "dtype is 16, expected an unsigned integer type"),
+    ({"dtype": "float32"}, "dtype is 'float32', expected an unsigned integer type"),
+])
+def test_bad_meta_json_beside_the_bin_is_one_line(env, tmp_path, meta, want):
+    """Raw JSONDecodeError / TypeError tracebacks before; float32 read the ids as floats."""
+    d = tmp_path / "ds"
+    d.mkdir()
+    env.val_ids.tofile(d / "val.bin")
+    (d / "meta.json").write_text(meta if isinstance(meta, str) else json.dumps({**env.meta, **meta}))
+    msg = err(["--ckpt", env.ckpts["pope"], "--data", str(d / "val.bin"), "--lengths", "32"])
+    assert msg.startswith(f"error: {d / 'meta.json'}") and want in msg and "\n" not in msg, msg
+
+
+def test_unwritable_json_is_one_line(env, tmp_path, monkeypatch, readonly):
+    """A folder, a read-only folder: refused before the run (EROFS / IsADirectoryError
+    tracebacks after it before); a disk that fills up at the write: one line."""
+    ck, val = env.ckpts["pope"], env.val
+    monkeypatch.setattr(ex, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a checkpoint first"))
+    assert err(["--ckpt", ck, "--data", val, "--json", str(tmp_path)]) == \
+        f"error: --json {tmp_path} is a folder; give a file name"
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    readonly(ro)
+    for option in ("--json", "--plot"):
+        path = ro / "sub" / "r.out"
+        assert err(["--ckpt", ck, "--data", val, option, str(path)]) == \
+            f"error: {option} {path}: cannot write into {ro} (Read-only file system); give a path in a writable folder"
+    monkeypatch.undo()
+    assert list(ro.iterdir()) == []
+
+    def full(self, *a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+    monkeypatch.setattr(Path, "write_text", full)
+    out = tmp_path / "r.json"
+    assert err(["--ckpt", ck, "--data", val, "--lengths", "32", "--max_tokens", "64", "--json", str(out)]) == \
+        f"error: could not write --json {out} (No space left on device); the tables above hold the perplexities"
+
+
+def test_checkpoint_that_needs_pickle_is_one_line(env, tmp_path):
+    """torch's multi-line text was printed whole, advice to use weights_only=False included."""
+    ck = torch.load(env.ckpts["pope"], weights_only=True)
+    ck["config"]["odd"] = fractions.Fraction(1, 3)  # only pickle (running its class) can load it
+    torch.save(ck, tmp_path / "p.pt")
+    msg = err(["--ckpt", str(tmp_path / "p.pt"), "--data", env.val])
+    assert msg.startswith(f"error: cannot load {tmp_path / 'p.pt'}: refused, because loading it would run code "
+                          "(it asks to call fractions.Fraction); ") and "\n" not in msg and "weights_only" not in msg
 
 
 def test_tokenizer_offline_is_a_one_line_error(env, tmp_path, monkeypatch):
