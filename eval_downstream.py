@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from model import load_checkpoint
-from prepare.common import PrepareError, codec, write_json
+from prepare.common import PrepareError, check_writable, checkpoint_error, codec, write_json
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIG_DIR = os.path.join(ROOT, "config", "lm_eval")
@@ -120,8 +120,13 @@ def check_checkpoint(path):
     """(meta, encode) of a checkpoint; a one-line error for anything but a GPT-2-tokenized model."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:
-        die(f"cannot read checkpoint {path}: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+    except Exception as e:  # noqa: BLE001  (a file that needs pickle is refused: it would run code)
+        die(checkpoint_error(path, e))
+    if not (isinstance(ckpt, dict) and {"model", "model_args"} <= set(ckpt)):
+        what = (f"a dict with keys {sorted(map(str, ckpt))[:6]}" if isinstance(ckpt, dict)
+                else f"a {type(ckpt).__name__}")
+        die(f"{path} is not a train.py checkpoint (it holds {what}, not the model and model_args train.py saves); "
+            "pass the out_dir/ckpt.pt that train.py writes")
     meta = ckpt.get("meta") or {}
     if meta.get("tokenizer") != "gpt2":
         kind = "a character/token list (itos)" if "itos" in meta else "no GPT-2 tokenizer"
@@ -204,9 +209,15 @@ def main(argv=None):
     tasks = [t for t in TASKS if t in names]
     if set(names) - set(TASKS) or not tasks:
         p.error(f"--tasks {args.tasks!r}: choose from {','.join(TASKS)} or all")
-    if (args.limit or 1) < 1 or (args.batch_size or 1) < 1:
-        p.error("--limit and --batch_size must be >= 1")
+    for name in ("limit", "batch_size"):  # None: the default; 0 is no default but a mistake
+        if (v := getattr(args, name)) is not None and v < 1:
+            die(f"--{name} must be >= 1, got {v}")
     checked = [check_checkpoint(c) for c in args.ckpt]  # refuse before running anything
+    if args.json:
+        try:
+            check_writable(args.json, "--json")
+        except PrepareError as e:
+            die(str(e))
     if not args.trust_remote_code:
         os.environ.pop("HF_DATASETS_TRUST_REMOTE_CODE", None)
     if args.data_dir or not hub_reachable():  # datasets and huggingface_hub read these at import
@@ -227,7 +238,10 @@ def main(argv=None):
     rows, report = [], {"tasks": tasks, "data_dir": args.data_dir, "limit": args.limit, "device": device,
                         "batch_size": batch_size, "models": []}
     for path, (meta, encode) in zip(args.ckpt, checked):
-        model, _ = load_checkpoint(path, device=device)
+        try:
+            model, _ = load_checkpoint(path, device=device)
+        except Exception as e:  # noqa: BLE001  (shapes that do not fit the model_args, ...)
+            die(checkpoint_error(path, e))
         cfg, n_params = model.config, model.get_num_params()
         label = f"{POS_NAMES.get(cfg.pos_emb, cfg.pos_emb)} {n_params / 1e6:.0f}M"
         label += f" ({path})" if any(r[0] == label for r in rows) else ""
@@ -241,7 +255,10 @@ def main(argv=None):
         del model, lm
     print(format_table(rows, tasks))
     if args.json:
-        write_json(args.json, report, indent=2, default=handle_non_serializable)
+        try:
+            write_json(args.json, report, indent=2, default=handle_non_serializable)
+        except OSError as e:  # e.g. the disk filled up while the tasks ran; the table above stands
+            die(f"could not write --json {args.json} ({e.strerror or e}); the table above holds the accuracies")
         print(f"wrote {args.json}", file=sys.stderr)
     return 0 if all(table for _, table, _ in rows) else 1
 

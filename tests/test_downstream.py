@@ -5,6 +5,8 @@ refusals, and that a dataset's remote code is never trusted unless asked.
 The seed is SEED below (POPE_TEST_SEED overrides it); failures print it."""
 import copy
 import dataclasses
+import errno
+import fractions
 import glob
 import json
 import math
@@ -328,3 +330,61 @@ def test_help_and_docstring():
     p = run_cli("--help", timeout=120)
     assert p.returncode == 0 and "Usage:" in p.stdout and "--trust_remote_code" in p.stdout
     assert len(glob.glob(os.path.join(ROOT, "config", "lm_eval", "local_*.yaml"))) == 6
+
+
+def test_zero_limit_and_batch_size_are_refused_before_any_work(tiny, monkeypatch, capsys):
+    """`(args.limit or 1) < 1` let 0 through (the harness then reads every document)."""
+    monkeypatch.setattr(ed, "check_checkpoint", lambda path: pytest.fail("the checkpoints were read first"))
+    for opt in ("--limit", "--batch_size"):
+        for v in ("0", "-3"):
+            with pytest.raises(SystemExit) as e:
+                ed.main(["--ckpt", tiny[0], opt, v, "--device", "cpu"])
+            assert e.value.code == 2 and capsys.readouterr().err == f"error: {opt} must be >= 1, got {v}\n"
+
+
+def test_a_file_that_is_not_a_checkpoint_is_one_line(tiny, tmp_path, capsys):
+    """A bare tensor: AttributeError ('Tensor' object has no attribute 'get'); a state_dict
+    alone; a file that needs pickle: refused because it would run code."""
+    torch.save(torch.zeros(3), tmp_path / "tensor.pt")
+    torch.save(torch.load(tiny[0], weights_only=True)["model"], tmp_path / "state.pt")
+    ck = torch.load(tiny[0], weights_only=True)
+    ck["config"]["odd"] = fractions.Fraction(1, 3)  # an object that only pickle (running its class) can load
+    torch.save(ck, tmp_path / "pickle.pt")
+    for name, want in (("tensor.pt", f"error: {tmp_path / 'tensor.pt'} is not a train.py checkpoint (it holds a "
+                                     "Tensor, not the model and model_args train.py saves); pass the out_dir/ckpt.pt "
+                                     "that train.py writes"),
+                       ("state.pt", f"error: {tmp_path / 'state.pt'} is not a train.py checkpoint (it holds a dict "
+                                    "with keys ['lm_head.weight', "),
+                       ("pickle.pt", f"error: cannot load {tmp_path / 'pickle.pt'}: refused, because loading it "
+                                     "would run code (it asks to call fractions.Fraction); ")):
+        with pytest.raises(SystemExit) as e:
+            ed.main(["--ckpt", str(tmp_path / name), "--device", "cpu"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and err.startswith(want), err
+
+
+def test_unwritable_json_is_one_line(tiny, tmp_path, monkeypatch, capsys, readonly):
+    monkeypatch.setattr(ed, "evaluate", lambda *a, **k: pytest.fail("ran the tasks first"))
+    (tmp_path / "ro").mkdir()
+    readonly(tmp_path / "ro")
+    for path, want in ((tmp_path, f"error: --json {tmp_path} is a folder; give a file name"),
+                       (tmp_path / "ro" / "r.json", f"error: --json {tmp_path / 'ro' / 'r.json'}: cannot write into "
+                                                    f"{tmp_path / 'ro'} (Read-only file system); give a path in a "
+                                                    "writable folder")):
+        with pytest.raises(SystemExit) as e:
+            ed.main(["--ckpt", tiny[0], "--device", "cpu", "--json", str(path)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err == want + "\n", err
+    # a disk that fills up while the tasks run: the table is printed, then one line
+    monkeypatch.undo()
+    monkeypatch.setattr(ed, "evaluate", lambda *a, **k: ({"results": {}}, {"piqa": 0.5}, {}))
+
+    def full(path, *a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"{path}.tmp")
+    monkeypatch.setattr(ed, "write_json", full)
+    with pytest.raises(SystemExit) as e:
+        ed.main(["--ckpt", tiny[0], "--device", "cpu", "--tasks", "piqa", "--json", str(tmp_path / "r.json")])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and "| PoPE 2M | 50.0 | 50.0 |" in out, out
+    assert err.splitlines()[-1] == f"error: could not write --json {tmp_path / 'r.json'} (No space left on device); " \
+        "the table above holds the accuracies" and "Traceback" not in err, err
