@@ -64,7 +64,7 @@ def main(argv=None):
             sys.exit(f"error: --start=FILE:{path} is a folder; give the path of a text file holding the prompt")
         except UnicodeDecodeError as e:
             sys.exit(f"error: --start=FILE:{path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
-                     f"{e.start}); the prompt file holds text in the dataset's format")
+                     f"{e.start}); give a UTF-8 text file with the prompt in the dataset's format")
         except OSError as e:
             sys.exit(f"error: --start=FILE:{path}: cannot read it ({e.strerror or e})")
     if args.save:  # before the slow part: a folder that cannot be written is refused now

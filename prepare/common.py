@@ -183,7 +183,7 @@ class BinWriter:
         if a.size and (a.min() < 0 or a.max() > np.iinfo(self.dtype).max):
             raise ValueError(f"values out of range for {self.dtype} in {self.path.name}")
         a = np.ascontiguousarray(a, dtype=self.dtype).ravel()
-        a.tofile(self.f)
+        self.f.write(memoryview(a).cast("B"))  # not a.tofile: its errors lose the errno (a full disk)
         self.count += a.size
 
     def close(self):
@@ -839,5 +839,5 @@ def run_main(main_fn, argv=None):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except OSError as e:  # a file error outside the staged writes (which say more): still one line
-        print(f"error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        print(f"error: {f'{e.filename}: ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
         sys.exit(2)
