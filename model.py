@@ -13,7 +13,9 @@ Usage (as a library):
 
 import inspect
 import math
+import os
 import warnings
+import zipfile
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
 
@@ -527,21 +529,62 @@ def sample_next(logits, temperature=1.0, top_k=None, vocab_size=None):
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 
 
-def checkpoint_model_args(ckpt):
-    """A train.py checkpoint's model_args. Checkpoints written before pope_delta_bound
-    existed were trained with the clamp, so they get it: their delta reads as trained."""
+class CheckpointError(ValueError):
+    """A file that is not an intact train.py checkpoint; the message is one line."""
+
+
+def check_checkpoint_file(path):
+    """Refuse (CheckpointError) a checkpoint file that is empty, not a zip archive
+    (the format torch.save writes) or damaged: every member's CRC-32 is checked, so
+    a flipped byte in the tensor data is caught before anything loads it (testzip
+    reads the file once: about a second for a 124M checkpoint with its optimizer).
+    FileNotFoundError when there is no such file. train.py, load_checkpoint and so
+    every script that reads a checkpoint call it before torch.load."""
+    if os.path.isdir(path):
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file (train.py writes out_dir/ckpt.pt)")
+    if os.path.getsize(path) == 0:
+        raise CheckpointError(f"{path} is empty (0 bytes): a copy or save that did not finish; use an intact copy")
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, EOFError) as e:
+        raise CheckpointError(f"{path} is not a checkpoint torch.save wrote, or it is cut short ({e})") from None
+    if bad is not None:
+        raise CheckpointError(f"{path} is corrupt: {bad} fails its CRC-32 check (a damaged disk or copy); "
+                              "use an intact copy")
+
+
+def _describe(obj):
+    if isinstance(obj, torch.Tensor):
+        return f"a bare tensor of shape {tuple(obj.shape)}"
+    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return f"a bare state_dict ({len(obj)} tensors such as {next(iter(obj))!r})"
+    if isinstance(obj, dict):
+        return f"a dict with the keys {sorted(map(str, obj))[:8]}"
+    return f"a {type(obj).__name__}"
+
+
+def checkpoint_model_args(ckpt, path="the file"):
+    """A train.py checkpoint's model_args (CheckpointError, naming what path holds,
+    for anything else). Checkpoints written before pope_delta_bound existed were
+    trained with the clamp, so they get it: their delta reads as trained."""
+    if not (isinstance(ckpt, dict) and all(isinstance(ckpt.get(k), dict) for k in ("model", "model_args"))):
+        raise CheckpointError(f"{path} holds {_describe(ckpt)}, not a train.py checkpoint (a dict with the weights "
+                              "under 'model' and the model's settings under 'model_args')")
     return {"pope_delta_bound": "clamp", **ckpt["model_args"]}
 
 
 def load_checkpoint(path, device="cpu", **overrides):
     """Load a train.py checkpoint: returns (model in eval mode, checkpoint dict).
     overrides replace GPTConfig fields (e.g. attn_impl="torch"). The file is read
-    with weights_only=True: tensors and plain types, never code."""
+    with weights_only=True: tensors and plain types, never code; a damaged file is
+    refused first (check_checkpoint_file)."""
     try:
+        check_checkpoint_file(path)
         ckpt = torch.load(path, map_location=device, weights_only=True)
     except FileNotFoundError:
         raise FileNotFoundError(f"checkpoint {path} not found; train one with train.py (it writes out_dir/ckpt.pt)") from None
-    model_args = checkpoint_model_args(ckpt)
+    model_args = checkpoint_model_args(ckpt, path)
     valid = {f.name for f in fields(GPTConfig)}
     unknown = set(overrides) - valid
     if unknown:

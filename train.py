@@ -21,23 +21,31 @@ take whole rows instead of random windows). Make them with prepare/*.py.
 """
 
 import ast
+import builtins
 import difflib
+import errno
 import json
 import math
 import os
+import pickle
 import random
 import re
+import shlex
 import sys
 import time
+import traceback
 from contextlib import nullcontext
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
 
-from model import GPT, GPTConfig, checkpoint_model_args
-from prepare.common import Data, PrepareError, make_gen, write_atomic, write_json
+from model import (GPT, CheckpointError, GPTConfig, check_checkpoint_file, checkpoint_model_args,
+                   kernel_unsupported_reason)
+from prepare.common import (Data, PrepareError, data_changes, lock_folder, make_gen, unlock_folder, write_atomic,
+                            write_json)
 
 # -----------------------------------------------------------------------------
 # defaults: the paper's OpenWebText setup at 124M (RMSNorm, head dim 64, batch
@@ -53,6 +61,7 @@ eval_full = False  # eval over the whole split (every row / window) instead of e
 eval_splits = "train,val"  # comma-separated splits for the eval
 always_save_checkpoint = True  # else only when val loss improves
 init_from = "scratch"  # "scratch" | "resume" (out_dir/ckpt.pt) | path/to/ckpt.pt (weights only: fine-tuning)
+data_changed_ok = False  # a resume may go on with data other than its checkpoint's (meta.json or a size differs)
 seed = 1337
 # data
 dataset = "openwebtext"
@@ -140,7 +149,13 @@ def configure(argv, defaults):
             if not os.path.isfile(arg):
                 sys.exit(f"error: config file {arg} not found (configs live in config/)")
             scope = {}
-            exec(open(arg).read(), {}, scope)
+            try:
+                exec(builtins.compile(open(arg).read(), arg, "exec"), {}, scope)  # (the key compile hides it)
+            except SyntaxError as e:
+                sys.exit(f"error: config file {arg}, line {e.lineno}: {e.msg}")
+            except Exception as e:  # noqa: BLE001  (the file's own line, not a traceback through configure)
+                line = [f", line {f.lineno}" for f in traceback.extract_tb(e.__traceback__) if f.filename == arg]
+                sys.exit(f"error: config file {arg}{(line or [''])[-1]}: {type(e).__name__}: {e}")
             for k, v in scope.items():
                 if not k.startswith("_") and not callable(v) and type(v).__name__ != "module":
                     set_key(k, v, f"in {arg}")
@@ -184,6 +199,7 @@ def config_problems(c):
         (c["rope_scaling"] >= 1, "rope_scaling must be >= 1 (1 = no YaRN)"),
         (c["rope_scaling_orig_len"] >= 0, "rope_scaling_orig_len must be >= 0 (0 = block_size)"),
         (c["dtype"] in ("auto", "float32", "bfloat16", "float16"), "dtype must be auto, float32, bfloat16 or float16"),
+        (re.fullmatch(r"auto|cpu|cuda(:\d+)?", c["device"]), "device must be auto, cpu, cuda or cuda:N"),
         (c["compile_mode"] in ("default", "reduce-overhead", "max-autotune"),
          "compile_mode must be default, reduce-overhead or max-autotune"),
         (c["peak_flops"] > 0, "peak_flops must be > 0"),
@@ -199,13 +215,15 @@ def _settings(c, msg):
 
 
 @torch.no_grad()
-def evaluate(model, data, split, cfg, device, ctx, full=False):
+def evaluate(model, data, split, cfg, device, ctx, full=False, bar=False):
     """Mean loss over scored targets and token accuracy (argmax == target over the
     same targets), on eval_iters fixed random batches or, with full, on every
-    row / non-overlapping window of the split."""
+    row / non-overlapping window of the split. bar: a progress bar on stderr where
+    that is a terminal (it clears itself, so logs stay clean)."""
     model.eval()
     loss_sum, correct, count = 0.0, 0.0, 0.0
-    for starts in data.eval_starts(split, cfg["batch_size"], cfg["eval_iters"], cfg["seed"], full):
+    batches = data.eval_starts(split, cfg["batch_size"], cfg["eval_iters"], cfg["seed"], full)
+    for starts in tqdm(batches, desc=f"eval {split}", leave=False, file=sys.stderr, disable=None if bar else True):
         x, y, m = data.batch(split, starts, device)
         with ctx:
             logits, loss = model(x, y, m)
@@ -307,7 +325,7 @@ class GraphedStep:
         return self.loss
 
 
-def resume_config(cfg, given, defaults):
+def resume_config(cfg, given, defaults, argv):
     """For init_from=resume: the checkpoint and the run's saved config, with every
     key the user set on top (a model key that disagrees with the checkpoint is an
     error); for a fine-tune (init_from=path.pt): its checkpoint. Else None."""
@@ -316,29 +334,62 @@ def resume_config(cfg, given, defaults):
     path = os.path.join(cfg["out_dir"], "ckpt.pt") if cfg["init_from"] == "resume" else cfg["init_from"]
     if cfg["init_from"] != "resume" and not path.endswith(".pt"):
         sys.exit(f"error: init_from must be 'scratch', 'resume' or a path to a .pt checkpoint, got {path!r}")
-    if not os.path.isfile(path):
+    if cfg["init_from"] == "resume" and not os.path.exists(path) and os.path.isfile(log_file(cfg)):
+        fresh = " ".join(["python train.py"] + [shlex.quote(a) for a in argv if not a.startswith("--init_from=")])
+        sys.exit(f"error: {path} not found: {cfg['out_dir']} holds only the log of a run that stopped before its "
+                 f"first checkpoint, so there is nothing to resume; start it anew: {fresh}")
+    if not os.path.exists(path):
         sys.exit(f"error: checkpoint {path} not found; train first, or fix out_dir / init_from")
     try:  # tensors and plain types only: a file that needs code to unpickle is refused
+        check_checkpoint_file(path)  # empty, cut short, or a CRC that does not match: refused
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt["model_args"] = checkpoint_model_args(ckpt, path)
+    except CheckpointError as e:
+        sys.exit(f"error: {e}")
+    except pickle.UnpicklingError:
+        sys.exit(f"error: {path} is refused: it holds Python objects other than tensors and plain types, and loading "
+                 "them would run code from the file; train.py's checkpoints hold none, so another program made it")
     except Exception as e:  # noqa: BLE001
-        why = re.sub(r"\x1b\[[0-9;]*m", "", str(e).splitlines()[0])[:160]
-        sys.exit(f"error: cannot load {path} safely ({type(e).__name__}: {why}); "
-                 "train.py writes checkpoints of tensors and plain types only, so this file was made by another "
-                 "program or an older version")
-    ckpt["model_args"] = checkpoint_model_args(ckpt)
+        why = re.sub(r"\x1b\[[0-9;]*m", "", (str(e).splitlines() or [""])[0])[:160]
+        sys.exit(f"error: cannot load {path} ({type(e).__name__}: {why}); train.py writes checkpoints of "
+                 "tensors and plain types only, so this file was made by another program or an older version")
     if cfg["init_from"] != "resume":
         return cfg, ckpt
+    lacks = [k for k in ("optimizer", "iter_num", "best_val_loss", "config") if k not in ckpt]
+    if lacks:
+        sys.exit(f"error: {path} has no {', '.join(lacks)}, so it cannot be resumed; fine-tune from its weights "
+                 f"with --init_from={path} and another --out_dir")
     clash = [f"{k}={cfg[k]!r} (checkpoint: {ckpt['model_args'][k]!r})" for k in MODEL_KEYS
              if k in given and k not in RESUME_MAY_CHANGE and cfg[k] != ckpt["model_args"][k]]
     if clash:
         sys.exit(f"error: --init_from=resume continues {path}, whose model differs: {', '.join(clash)}. "
                  f"Drop those settings, or start a new run with another --out_dir")
-    merged = dict(defaults)
-    merged.update({k: v for k, v in ckpt["config"].items() if k in defaults})
+    merged = dict(defaults)  # data_changed_ok holds for one resume, never for the next
+    merged.update({k: v for k, v in ckpt["config"].items() if k in defaults and k != "data_changed_ok"})
     # the model is the checkpoint's (also for keys its config predates)
     merged.update({k: ckpt["model_args"][k] for k in MODEL_KEYS if k not in RESUME_MAY_CHANGE})
     merged.update({k: cfg[k] for k in given})
+    merged["out_dir"] = cfg["out_dir"]  # where the checkpoint is now
     return merged, ckpt
+
+
+def log_file(cfg):
+    return os.path.join(cfg["out_dir"], "metrics.jsonl")
+
+
+def claim_out_dir(cfg):
+    """One run per out_dir: an flock on out_dir/.lock, held until this process ends
+    (under DDP, rank 0's). And a new run never replaces a run's checkpoint unless asked."""
+    try:
+        lock_folder(cfg["out_dir"], "wait for it to end, or pick another --out_dir")
+    except PrepareError as e:
+        sys.exit(f"error: {e}")
+    ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
+    if cfg["init_from"] != "resume" and not cfg["overwrite"] and os.path.exists(ckpt_path):
+        old = [p for p in (ckpt_path, log_file(cfg)) if os.path.exists(p)]
+        one = len(old) == 1
+        sys.exit(f"error: {' and '.join(old)} already exist{'s' if one else ''}: continue that run with --init_from="
+                 f"resume, or pick a fresh --out_dir (--overwrite=True replaces {'it' if one else 'them'})")
 
 
 def rng_states():
@@ -362,10 +413,12 @@ def set_rng_states(st, device_type):
 def main(argv):
     defaults = {k: globals()[k] for k in config_keys}
     cfg, given = configure(argv, defaults)
-    cfg, ckpt = resume_config(cfg, given, defaults)
+    if int(os.environ.get("RANK", 0)) == 0 and os.path.isdir(cfg["out_dir"]):
+        claim_out_dir(cfg)  # before a resume reads the checkpoint: no live run can replace it under us
+    cfg, ckpt = resume_config(cfg, given, defaults, argv)
     problems = config_problems(cfg)
     if problems:
-        sys.exit("error: bad settings:\n  " + "\n  ".join(problems))
+        sys.exit("error: bad settings: " + "; ".join(problems))
 
     # distributed setup
     ddp = int(os.environ.get("RANK", -1)) != -1
@@ -396,6 +449,12 @@ def main(argv):
     if cfg["cuda_graph"] and (ddp or device_type != "cuda" or dt == "float16" or cfg["compile_mode"] == "reduce-overhead"):
         sys.exit("error: cuda_graph=True needs one CUDA GPU (no torchrun), bfloat16 or float32, and "
                  "compile_mode other than reduce-overhead (that one makes CUDA graphs of its own)")
+    if cfg["pos_emb"] == "pope" and cfg["attn_impl"] == "triton":  # the kernel's own rule, before anything is written
+        probe = torch.zeros(1, cfg["n_head"], 1, cfg["n_embd"] // cfg["n_head"], device=dev)
+        why = kernel_unsupported_reason(probe, probe, probe, probe[0, :, 0])
+        if why:
+            sys.exit(f"error: attn_impl='triton' cannot run here: {why}. Pass --attn_impl=auto (the kernel where it "
+                     "can run, else PyTorch) or --attn_impl=torch")
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -409,16 +468,14 @@ def main(argv):
         sys.exit(f"error: {e}")
     out_dir = cfg["out_dir"]
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
-    log_path = os.path.join(out_dir, "metrics.jsonl")
-    if cfg["init_from"] != "resume" and not cfg["overwrite"]:
-        old = [p for p in (ckpt_path, log_path) if os.path.exists(p)]
-        if old:
-            sys.exit(f"error: {' and '.join(old)} already exist: continue that run with --init_from=resume, "
-                     f"or pick a fresh --out_dir (--overwrite=True replaces them)")
-    if master:
-        os.makedirs(out_dir, exist_ok=True)
-        if cfg["init_from"] != "resume" and os.path.exists(log_path):
-            os.remove(log_path)  # --overwrite=True: a new run, a new log
+    log_path = log_file(cfg)
+    if cfg["init_from"] == "resume" and "data" in ckpt:  # the data the checkpoint was trained on, or asked for
+        changed = data_changes(ckpt["data"], data.identity)
+        if changed and not cfg["data_changed_ok"]:
+            sys.exit(f"error: {data.dir} is not the data {ckpt_path} was trained on ({'; '.join(changed)}); restore "
+                     "that data, or pass --data_changed_ok=True to go on with this data")
+        if changed and master:
+            print(f"note: going on with changed data ({'; '.join(changed)}), as --data_changed_ok=True asks")
 
     # model
     model_args = {k: cfg[k] for k in MODEL_KEYS}
@@ -433,7 +490,7 @@ def main(argv):
                                                                "pope_base", "rope_base", "pope_delta_bound")})
         if model_args["rope_scaling_orig_len"] == 0 and model_args["rope_scaling"] > 1.0:
             model_args["rope_scaling_orig_len"] = ckpt["model_args"]["block_size"]
-        ckpt = {"model": ckpt["model"]}
+        ckpt = {"model": ckpt["model"], "model_args": ckpt["model_args"]}
     T = data.T
     model_args["vocab_size"] = data.meta["vocab_size"]
     if data.meta.get("tokenizer") == "gpt2":  # 50257 -> 50304, a multiple of 64, as nanoGPT: faster matmuls
@@ -442,7 +499,24 @@ def main(argv):
     torch.manual_seed(cfg["seed"] + rank)
     model = GPT(GPTConfig(**model_args))
     if ckpt is not None:
-        model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
+        state, ours = {k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()}, model.state_dict()
+        bad = [f"{k} is {tuple(getattr(state.get(k), 'shape', ())) if k in state else 'missing'} there, "
+               f"{tuple(v.shape)} here" for k, v in ours.items() if getattr(state.get(k), "shape", None) != v.shape]
+        bad += [f"{k} is not in this model" for k in state if k not in ours]
+        if bad:  # which weights differ, and the likely reason: another vocabulary
+            V, V_here = ckpt["model_args"].get("vocab_size"), model_args["vocab_size"]
+            vocab = "" if V == V_here else (f"; the vocabulary differs: the checkpoint's vocab_size is {V}, dataset "
+                                            f"{cfg['dataset']}'s {V_here}: use data with the checkpoint's vocabulary")
+            sys.exit(f"error: the weights of {ckpt_path if cfg['init_from'] == 'resume' else cfg['init_from']} do not "
+                     f"fit this model: {'; '.join(bad[:3])}{f' (and {len(bad) - 3} more)' * (len(bad) > 3)}{vocab}")
+        model.load_state_dict(state)
+    if master:  # every check passed: the run's folder
+        os.makedirs(out_dir, exist_ok=True)
+        claim_out_dir(cfg)  # (taken already where out_dir existed)
+        if cfg["init_from"] != "resume" and os.path.exists(log_path):
+            if not os.path.exists(ckpt_path):
+                print(f"note: {log_path} is the log of a run that saved no checkpoint; this run's log replaces it")
+            os.remove(log_path)  # a new run, a new log
     model.to(dev)
     if master:
         print(f"tokens per iteration: {tokens_per_iter:,} ({accum} accum x {world} procs x {cfg['batch_size']} x {T})")
@@ -478,8 +552,11 @@ def main(argv):
 
     def log(rec):
         if master:
-            metrics.write(json.dumps(rec) + "\n")
-            metrics.flush()
+            try:
+                metrics.write(json.dumps(rec) + "\n")
+                metrics.flush()
+            except OSError as e:  # a full disk: name the file (the top-level handler prints one line)
+                raise OSError(e.errno, e.strerror, log_path) from None
 
     def gather(obj):  # one entry per rank (a collective under DDP)
         if not ddp:
@@ -493,7 +570,7 @@ def main(argv):
                  f"Nothing was saved; the last checkpoint in {out_dir} is untouched")
 
     t0, it0, it_start = time.time(), iter_num, iter_num  # it0: first iteration of the timing window
-    running_mfu = -1.0
+    running_mfu, timed_s, timed_iters = -1.0, 0.0, 0  # the ETA's rate: the mean step time, evals and warm-up left out
     while True:
         lr = get_lr(iter_num, cfg)
         if graphed is None:
@@ -501,7 +578,7 @@ def main(argv):
                 group["lr"] = lr
         last = iter_num >= cfg["max_iters"]
         if iter_num % cfg["eval_interval"] == 0 or last or cfg["eval_only"]:
-            res = {s: evaluate(model, data, s, cfg, dev, ctx, cfg["eval_full"]) for s in splits}
+            res = {s: evaluate(model, data, s, cfg, dev, ctx, cfg["eval_full"], bar=master) for s in splits}
             if master:
                 msg = ", ".join(f"{s} loss {r['loss']:.4f} acc {r['acc']:.4f}" for s, r in res.items())
                 print(f"step {iter_num}: {msg}")
@@ -509,6 +586,7 @@ def main(argv):
             if cfg["eval_only"]:
                 if master:
                     write_json(os.path.join(out_dir, "eval.json"), {"iter": iter_num, "full": cfg["eval_full"], **res})
+                    print(f"wrote {os.path.join(out_dir, 'eval.json')}")
                 break
             if not all(math.isfinite(r["loss"]) for r in res.values()):
                 diverged("the eval loss")
@@ -524,10 +602,15 @@ def main(argv):
                 state = {
                     "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                     "model_args": model_args, "iter_num": iter_num, "best_val_loss": best_val_loss,
-                    "config": cfg, "meta": data.meta, "rng": rng,
+                    "config": cfg, "meta": data.meta, "data": data.identity, "rng": rng,
                     "sampler": {"seed": cfg["seed"], "iter_num": iter_num, "world": world},
                 }
-                write_atomic(ckpt_path, lambda tmp: torch.save(state, tmp))  # a crash never leaves a half checkpoint
+                try:  # a crash never leaves a half checkpoint
+                    write_atomic(ckpt_path, lambda tmp: torch.save(state, tmp))
+                except (OSError, RuntimeError) as e:  # a full or read-only disk; torch.save says RuntimeError
+                    why = getattr(e, "strerror", None) or (str(e).splitlines() or [""])[-1][:160]
+                    sys.exit(f"error: could not write {ckpt_path} ({why}); the checkpoint there before is intact. "
+                             "Free disk space (or make out_dir writable) and resume with --init_from=resume")
                 print(f"saved checkpoint to {ckpt_path}")
             t0, it0 = time.time(), iter_num  # keep eval time out of the step timing
         if last:
@@ -566,17 +649,20 @@ def main(argv):
                 diverged("the training loss")
             t1 = time.time()
             dt_iter = (t1 - t0) / (iter_num - it0 + 1)
+            if iter_num > it_start:  # the first window holds compile and warm-up
+                timed_s, timed_iters = timed_s + t1 - t0, timed_iters + iter_num - it0 + 1
             t0, it0 = t1, iter_num + 1
             if master:
                 tok_s = tokens_per_iter / dt_iter
-                if iter_num > it_start:  # the first window holds compile and warm-up
+                if iter_num > it_start and device_type == "cuda":  # MFU against a GPU's peak: CUDA only
                     mfu = raw_model.estimate_mfu(cfg["batch_size"] * accum * world, dt_iter, cfg["peak_flops"])
                     running_mfu = mfu if running_mfu < 0 else 0.9 * running_mfu + 0.1 * mfu
-                eta = (cfg["max_iters"] - iter_num) * dt_iter
+                eta = (cfg["max_iters"] - iter_num) * (timed_s / timed_iters if timed_iters else dt_iter)
+                mfu_s = f", mfu {max(running_mfu, 0) * 100:.2f}%" if device_type == "cuda" else ""
                 print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.3e}, {dt_iter * 1000:.1f} ms, "
-                      f"{tok_s:,.0f} tok/s, mfu {max(running_mfu, 0) * 100:.2f}%, eta {eta / 60:.1f} min")
+                      f"{tok_s:,.0f} tok/s{mfu_s}, eta {eta / 60:.1f} min")
                 log({"iter": iter_num, "loss": lossf, "lr": lr, "dt_ms": dt_iter * 1000, "tok_per_s": tok_s,
-                     "mfu": running_mfu, "time": t1})
+                     **({"mfu": running_mfu} if device_type == "cuda" else {}), "time": t1})
         iter_num += 1
 
     if master:
@@ -593,8 +679,15 @@ def main(argv):
         dist.destroy_process_group()
         sys.stdout.flush()
         sys.stderr.flush()
+        unlock_folder(out_dir)  # (os._exit runs no atexit handler)
         os._exit(0)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except OSError as e:  # a full or read-only disk wherever train.py writes: one line; what it wrote before is whole
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        sys.exit(f"error: cannot write {e.filename or 'to out_dir'}: {os.strerror(e.errno)}; free disk space or pick a "
+                 "writable --out_dir (checkpoints are written whole: the last one is intact)")

@@ -8,6 +8,7 @@ helper that fails fast offline.
 
 import argparse
 import errno
+import hashlib
 import importlib
 import json
 import os
@@ -157,13 +158,78 @@ def write_atomic(path, save):
     scripts' outputs, meta.json)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp"
-    save(tmp)
-    os.replace(tmp, path)
+    try:
+        save(tmp)
+        os.replace(tmp, path)
+    except BaseException:  # e.g. a full disk: no half file stays behind (it would hold the space)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def write_json(path, obj, indent=1, default=None):
     """obj as JSON, written atomically (write_atomic)."""
     write_atomic(path, lambda tmp: Path(tmp).write_text(json.dumps(obj, indent=indent, default=default)))
+
+
+_LOCKS = {}  # lock file path -> (fd, pid): held until the process ends
+
+
+def lock_folder(folder, hint):
+    """Hold an exclusive lock on folder/.lock (fcntl.flock) for the rest of the
+    process: one writer per folder (train.py: one run per out_dir). The OS drops
+    the lock when the process ends, however it ends; a normal exit also deletes the
+    file. Raises PrepareError, with hint, when another process holds it (naming its
+    PID) or when the file cannot be created (a read-only folder)."""
+    import atexit
+    import fcntl
+    import time
+    path = os.path.join(folder, ".lock")
+    if path in _LOCKS:
+        return
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise PrepareError(f"cannot create {path} ({e.strerror}): {folder} must be writable; {hint}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = None
+            for _ in range(40):  # the holder writes its PID right after taking the lock
+                text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                pid = int(text) if text.isdigit() and _pid_alive(int(text)) else None
+                if pid is not None:
+                    break
+                time.sleep(0.05)
+            os.close(fd)
+            who = f"pid {pid}" if pid is not None else "a process whose PID it does not record"
+            raise PrepareError(f"{folder} is in use by another run ({who} holds {path}); {hint}") from None
+        try:  # a holder that ended deleted the file after we opened it: lock the path's current file
+            if os.path.samestat(os.stat(path), os.fstat(fd)):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _LOCKS[path] = (fd, os.getpid())
+    atexit.register(unlock_folder, folder)
+
+
+def unlock_folder(folder):
+    """Release lock_folder's lock and delete the file (it is still ours: the lock is held)."""
+    path = os.path.join(folder, ".lock")
+    fd, pid = _LOCKS.get(path, (None, None))
+    if fd is None or pid != os.getpid():  # not held, or a forked child's copy
+        return
+    del _LOCKS[path]
+    try:
+        if os.path.samestat(os.stat(path), os.fstat(fd)):
+            os.remove(path)
+    except OSError:
+        pass
+    os.close(fd)
 
 
 class BinWriter:
@@ -729,12 +795,42 @@ class Data:
     micro-step), so the sampler's whole state is the iteration number: a resumed
     run draws exactly the batches the uninterrupted run would have, and N DDP
     ranks together draw exactly the global batch of one process. Raises
-    PrepareError (one line) for a dataset that cannot be trained on."""
+    PrepareError (one line) for a dataset that cannot be trained on.
+
+    Every file is opened once, here, and read through those handles: a prepare run
+    that swaps a new set in (renames) and deletes this one cannot change the data
+    under a run, which keeps reading the set it checked. identity (meta.json's
+    SHA-256 and every split file's size) is what a checkpoint records, so that a
+    resume can tell whether it continues on the same data (data_changes)."""
 
     def __init__(self, data_dir, block_size, splits):
         self.meta = check_dataset(data_dir, splits)  # every split's size, dtype, rows, mask and largest id, once
         self.dir = data_dir
         self.dtype = np.dtype(self.meta["dtype"])
+        self.files, sizes = {}, {}
+        folder = os.open(data_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:  # every file from the same folder (a swap renames whole folders)
+            with os.fdopen(os.open("meta.json", os.O_RDONLY, dir_fd=folder), "rb") as f:
+                meta_bytes = f.read()
+            for name in sorted(DATASET_FILES - {"meta.json"}):
+                try:
+                    fd = os.open(name, os.O_RDONLY, dir_fd=folder)
+                except FileNotFoundError:
+                    continue
+                sizes[name] = os.fstat(fd).st_size
+                if name.removesuffix(".bin").removesuffix("_mask") in splits:
+                    self.files[name] = os.fdopen(fd, "rb")
+                else:
+                    os.close(fd)
+        finally:
+            os.close(folder)
+        try:
+            same = {"dtype": "uint16", **json.loads(meta_bytes)} == self.meta
+        except ValueError:
+            same = False
+        if not same or any(f"{s}.bin" not in self.files for s in splits):
+            raise PrepareError(f"{data_dir} changed while train.py read it (a prepare run?); run train.py again")
+        self.identity = {"meta_sha256": hashlib.sha256(meta_bytes).hexdigest(), "bytes": sizes}
         self.row_len = self.meta.get("row_len")
         if self.row_len and block_size < self.row_len - 1:
             raise PrepareError(f"dataset rows hold {self.row_len} tokens, so block_size must be at least "
@@ -749,11 +845,10 @@ class Data:
     def arrays(self, split, masked=True):
         """(tokens, mask) memmaps of a split; mask None without {split}_mask.bin or
         with masked=False (then every token is a target: train.py's train_mask=False)."""
-        # a fresh memmap per batch, as nanoGPT does, avoids a memory leak
-        data = np.memmap(os.path.join(self.dir, f"{split}.bin"), dtype=self.dtype, mode="r")
-        mpath = os.path.join(self.dir, f"{split}_mask.bin")
-        mask = np.memmap(mpath, dtype=np.uint8, mode="r") if masked and os.path.isfile(mpath) else None
-        return data, mask
+        # a fresh memmap per batch, as nanoGPT does, avoids a memory leak (of the handles opened at the start)
+        data = np.memmap(self.files[f"{split}.bin"], dtype=self.dtype, mode="r")
+        mfile = self.files.get(f"{split}_mask.bin") if masked else None
+        return data, (np.memmap(mfile, dtype=np.uint8, mode="r") if mfile is not None else None)
 
     def starts(self, split, n, gen):
         """n random sequence starts."""
@@ -789,6 +884,17 @@ class Data:
         else:
             x, y, m = x.to(device), y.to(device), (m.to(device) if m is not None else None)
         return x, y, m
+
+
+def data_changes(old, new):
+    """What differs between two Data.identity records, one phrase each (empty: the
+    same data, as far as meta.json and the file sizes tell)."""
+    out = [] if old.get("meta_sha256") == new["meta_sha256"] else ["meta.json differs"]
+    for name in sorted(set(old.get("bytes", {})) | set(new["bytes"])):
+        a, b = (d.get("bytes", {}).get(name) for d in (old, new))
+        if a != b:
+            out.append(f"{name}: " + " -> ".join("absent" if n is None else f"{n:,} bytes" for n in (a, b)))
+    return out
 
 
 # -----------------------------------------------------------------------------

@@ -1,0 +1,427 @@
+"""train.py under faults: one run per out_dir, data that changes under a run or
+before a resume, damaged and foreign checkpoint files, read-only and full disks,
+bad config files and devices, a folder with a log but no checkpoint, and the
+progress output (the eval's bar, a smoothed ETA, MFU only on CUDA)."""
+import errno
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import types
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+TRAIN = os.path.join(ROOT, "train.py")
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4",
+        "--eval_iters=2", "--log_interval=1", "--warmup_iters=2", "--device=cpu", "--learning_rate=3e-3",
+        "--lr_decay_iters=100"]
+WAIT_S = 300  # a safety net for the polling loops below (never an assert on time)
+
+
+def env():
+    e = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    e.pop("TRITON_INTERPRET", None)
+    return e
+
+
+def run(args, cwd, check=True):
+    p = subprocess.run([sys.executable] + args, cwd=cwd, capture_output=True, text=True, env=env(), timeout=600)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{args} failed:\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def refused(p, *words):
+    """Exit status not 0, one line on stderr, no traceback, every word in it."""
+    err = p.stderr.strip()
+    assert p.returncode != 0 and "Traceback" not in err and len(err.splitlines()) == 1, (p.returncode, err[-2000:])
+    for w in words:
+        assert w in err, (w, err)
+    return err
+
+
+def records(out_dir):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+def losses(out_dir):
+    return {r["iter"]: r["loss"] for r in records(out_dir) if "loss" in r}
+
+
+def wait_until(cond, proc):
+    """Poll until cond() holds; the process must stay alive meanwhile."""
+    deadline = time.monotonic() + WAIT_S
+    while not cond():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the run ended early (rc {proc.returncode}):\n{out}\n{err}")
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.05)
+
+
+def logged_iter(out_dir):
+    try:
+        it = list(losses(out_dir))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return -1
+    return max(it, default=-1)
+
+
+def write_rows(folder, row_len, seed, prepare="made by the test"):
+    """A fixed-row dataset (the indirect-indexing layout): one scored target per row,
+    with the "prepare" and "tokens" entries of a prepare script's meta.json."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(folder, exist_ok=True)
+    tokens = {}
+    for split, n in (("train", 2000), ("val", 200)):
+        rows = rng.integers(1, 20, size=(n, row_len)).astype(np.uint16)
+        rows[:, -2] = 0
+        rows[:, -1] = rows[:, -3]
+        mask = np.zeros_like(rows, dtype=np.uint8)
+        mask[:, -1] = 1
+        rows.tofile(os.path.join(folder, f"{split}.bin"))
+        mask.tofile(os.path.join(folder, f"{split}_mask.bin"))
+        tokens[split] = rows.size
+    meta = {"vocab_size": 20, "dtype": "uint16", "itos": [chr(97 + i) for i in range(20)], "row_len": row_len,
+            "prepare": prepare, "tokens": tokens}
+    with open(os.path.join(folder, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=2, sort_keys=True)
+
+
+@pytest.fixture
+def data(tmp_path):
+    """tmp_path/data/{toy, rows, wide}: a char stream, fixed rows, and a stream with another vocabulary."""
+    root = tmp_path / "data"
+    rng = np.random.default_rng(0)
+    for name, V in (("toy", 20), ("wide", 30)):
+        os.makedirs(root / name)
+        seq = ((np.arange(30000) % 17) + rng.integers(0, 3, 30000)).astype(np.uint16)
+        seq[:27000].tofile(root / name / "train.bin")
+        seq[27000:].tofile(root / name / "val.bin")
+        json.dump({"vocab_size": V, "dtype": "uint16", "itos": [chr(97 + i) for i in range(V)]},
+                  open(root / name / "meta.json", "w"))
+    write_rows(root / "rows", 12, seed=1)
+    return root
+
+
+def train(data, *args):
+    return [TRAIN, f"--data_dir={data}", "--dataset=toy"] + TINY + list(args)
+
+
+def start(args, cwd):
+    return subprocess.Popen([sys.executable] + args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env())
+
+
+def stop(proc):
+    proc.kill()
+    proc.communicate()
+
+
+# -----------------------------------------------------------------------------
+# 1. one run per out_dir
+
+def test_a_second_run_on_a_live_out_dir_is_refused(data, tmp_path):
+    """While a run trains in o: a new run, one with --overwrite=True and a resume are
+    each refused in one line naming the live run's PID; its log is never replaced or
+    interleaved, its checkpoint stays its own; once it is gone, o resumes."""
+    out = tmp_path / "o"
+    first = start(train(data, "--out_dir=o", "--max_iters=1000000", "--eval_interval=3", "--seed=1"), tmp_path)
+    try:
+        wait_until(lambda: (out / "ckpt.pt").exists() and logged_iter(out) >= 4, first)
+        log_id = os.stat(out / "metrics.jsonl").st_ino
+        for extra in ([], ["--overwrite=True"], ["--init_from=resume"]):
+            p = run(train(data, "--out_dir=o", "--max_iters=5", "--eval_interval=1", "--seed=2") + extra, tmp_path,
+                    check=False)
+            refused(p, f"pid {first.pid}", "in use by another run", "--out_dir")
+        assert first.poll() is None
+    finally:
+        stop(first)
+    assert os.stat(out / "metrics.jsonl").st_ino == log_id
+    its = [r["iter"] for r in records(out) if "loss" in r]
+    assert its == list(range(len(its))) and len(its) >= 5  # one run's log: every iteration once, in order
+    ck = torch.load(out / "ckpt.pt", weights_only=True)
+    assert ck["config"]["seed"] == 1 and ck["iter_num"] % 3 == 0
+    # the killed run's lock went with it
+    run(train(data, "--out_dir=o", "--init_from=resume", f"--max_iters={ck['iter_num'] + 1}"), tmp_path)
+    assert sorted(p.name for p in out.iterdir()) == ["ckpt.pt", "metrics.jsonl"]  # a normal exit removes .lock
+
+
+def test_two_runs_started_together_leave_one_run(data, tmp_path):
+    """Two scratch runs on one fresh out_dir at once: one trains, the other is refused
+    (in use, or, when the first has already finished, its checkpoint already exists);
+    the log holds one run."""
+    procs = [start(train(data, "--out_dir=o", "--max_iters=30", "--eval_interval=10"), tmp_path) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    rcs = sorted(p.returncode for p in procs)
+    assert rcs[0] == 0 and rcs[1] != 0, [(p.returncode, o[1][-500:]) for p, o in zip(procs, outs)]
+    err = next(o[1] for p, o in zip(procs, outs) if p.returncode != 0).strip()
+    assert "Traceback" not in err and ("in use by another run" in err or "already exist" in err), err
+    assert [r["iter"] for r in records(tmp_path / "o") if "loss" in r] == list(range(30))
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iter_num"] == 30
+
+
+# -----------------------------------------------------------------------------
+# 2. data that cannot change under a run
+
+def test_a_running_job_keeps_its_data_when_prepare_swaps_the_folder(data, tmp_path):
+    """A prepare run swaps a new set (rows of 23 tokens instead of 12) into the folder
+    a run trains on: the run goes on with the data it started with (its losses equal,
+    bitwise, those of a run on an untouched copy); a resume on the new data is then
+    refused in one line unless --data_changed_ok=True, which holds for one resume only."""
+    from prepare.common import staged_dataset
+    shutil.copytree(data / "rows", tmp_path / "ref" / "rows")
+    args = [TRAIN, "--dataset=rows", "--eval_interval=5", "--seed=5"] + TINY
+    live = start(args + [f"--data_dir={data}", "--out_dir=live", "--max_iters=1000000"], tmp_path)
+    try:
+        wait_until(lambda: logged_iter(tmp_path / "live") >= 3, live)
+        with staged_dataset(data / "rows") as stage:  # what prepare/*.py does: stage, then swap the folder
+            write_rows(stage, 23, seed=2, prepare="regenerated")
+        swapped_at = logged_iter(tmp_path / "live")
+        wait_until(lambda: logged_iter(tmp_path / "live") >= swapped_at + 8, live)
+    finally:
+        stop(live)
+    assert json.load(open(data / "rows" / "meta.json"))["row_len"] == 23  # the swap happened
+    got = losses(tmp_path / "live")
+    n = max(got) + 1
+    run(args + [f"--data_dir={tmp_path / 'ref'}", "--out_dir=ref-run", f"--max_iters={n}"], tmp_path)
+    want = losses(tmp_path / "ref-run")
+    assert n > swapped_at + 8 and all(got[i] == want[i] for i in range(n)), (swapped_at, got, want)
+    ev = lambda d: [r["eval"] for r in records(d) if "eval" in r and r["iter"] < n]  # noqa: E731
+    assert ev(tmp_path / "live") == ev(tmp_path / "ref-run")[:len(ev(tmp_path / "live"))]
+    # resuming on the regenerated data: refused, then allowed when asked, once
+    ck = torch.load(tmp_path / "live" / "ckpt.pt", weights_only=True)
+    resume = args + [f"--data_dir={data}", "--out_dir=live", "--init_from=resume", f"--max_iters={ck['iter_num'] + 2}"]
+    before = (tmp_path / "live" / "ckpt.pt").read_bytes()
+    p = run(resume, tmp_path, check=False)
+    refused(p, "is not the data", "meta.json differs", "train.bin: 48,000 bytes -> 92,000 bytes",
+            "--data_changed_ok=True")
+    assert (tmp_path / "live" / "ckpt.pt").read_bytes() == before
+    run(resume + ["--data_changed_ok=True"], tmp_path)
+    ck = torch.load(tmp_path / "live" / "ckpt.pt", weights_only=True)
+    assert ck["data"]["bytes"]["train.bin"] == 2000 * 23 * 2 and ck["config"]["data_changed_ok"] is True
+    with staged_dataset(data / "rows") as stage:
+        write_rows(stage, 23, seed=3, prepare="regenerated with another seed")
+    p = run(resume[:-1] + [f"--max_iters={ck['iter_num'] + 2}"], tmp_path, check=False)
+    refused(p, "meta.json differs", "--data_changed_ok=True")
+
+
+# -----------------------------------------------------------------------------
+# 3. checkpoint integrity, 4. foreign checkpoint files
+
+def flip_byte_in_largest_tensor(path):
+    """Flip one bit in the middle of the largest tensor's bytes inside the zip."""
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    b = bytearray(open(path, "rb").read())
+    name_len, extra_len = int.from_bytes(b[info.header_offset + 26:info.header_offset + 28], "little"), \
+        int.from_bytes(b[info.header_offset + 28:info.header_offset + 30], "little")
+    at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+    b[at] ^= 0x04
+    open(path, "wb").write(bytes(b))
+    return info.filename
+
+
+def test_damaged_and_foreign_checkpoints_are_refused_in_one_line(data, tmp_path):
+    run(train(data, "--out_dir=o", "--max_iters=2", "--eval_interval=2"), tmp_path)
+    good = (tmp_path / "o" / "ckpt.pt").read_bytes()
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    resume = train(data, "--out_dir=o", "--init_from=resume", "--max_iters=4")
+    finetune = train(data, "--out_dir=ft", "--init_from=o/ckpt.pt", "--max_iters=2")
+    # a flipped bit in the tensor data
+    member = flip_byte_in_largest_tensor(tmp_path / "o" / "ckpt.pt")
+    bad = (tmp_path / "o" / "ckpt.pt").read_bytes()
+    assert sum(a != b for a, b in zip(good, bad)) == 1
+    refused(run(resume, tmp_path, check=False), "is corrupt", member, "CRC")
+    refused(run(finetune, tmp_path, check=False), "is corrupt", member)
+    from model import CheckpointError, load_checkpoint  # what sample.py and the eval scripts call
+    with pytest.raises(CheckpointError, match="is corrupt"):
+        load_checkpoint(str(tmp_path / "o" / "ckpt.pt"))
+    assert (tmp_path / "o" / "ckpt.pt").read_bytes() == bad and not (tmp_path / "ft").exists()
+    # empty, cut short
+    open(tmp_path / "o" / "ckpt.pt", "wb").close()
+    refused(run(resume, tmp_path, check=False), "is empty (0 bytes)")
+    open(tmp_path / "o" / "ckpt.pt", "wb").write(good[:len(good) // 2])
+    refused(run(resume, tmp_path, check=False), "cut short")
+    # not a train.py checkpoint: a bare state_dict, a tensor
+    torch.save(ck["model"], tmp_path / "sd.pt")
+    refused(run(train(data, "--out_dir=ft", "--init_from=sd.pt"), tmp_path, check=False),
+            "sd.pt holds a bare state_dict", "not a train.py checkpoint")
+    torch.save(torch.zeros(3, 4), tmp_path / "t.pt")
+    refused(run(train(data, "--out_dir=ft", "--init_from=t.pt"), tmp_path, check=False),
+            "t.pt holds a bare tensor of shape (3, 4)")
+    with pytest.raises(CheckpointError, match="bare tensor"):
+        load_checkpoint(str(tmp_path / "t.pt"))
+    # fine-tuning on data with another vocabulary: which weights differ, and why
+    open(tmp_path / "o" / "ckpt.pt", "wb").write(good)
+    p = run(train(data, "--out_dir=ft", "--init_from=o/ckpt.pt", "--dataset=wide"), tmp_path, check=False)
+    refused(p, "transformer.wte.weight is (20, 32) there, (30, 32) here", "vocab_size is 20", "wide's 30")
+    assert not (tmp_path / "ft").exists()
+    # an intact checkpoint still resumes, and evaluates with --eval_only, which says where eval.json went
+    run(resume, tmp_path)
+    p = run(train(data, "--out_dir=o", "--init_from=resume", "--eval_only=True"), tmp_path)
+    assert f"wrote {os.path.join('o', 'eval.json')}" in p.stdout and (tmp_path / "o" / "eval.json").is_file()
+
+
+# -----------------------------------------------------------------------------
+# 4. read-only and full disks (a mocked OSError at the write call)
+
+FAULTS = r'''
+import builtins, errno, os, runpy, sys, torch
+code, where, needle = int(sys.argv[1]), sys.argv[2], os.path.abspath(sys.argv[3])
+sys.argv = sys.argv[4:]
+def hit(path):
+    return isinstance(path, (str, bytes, os.PathLike)) and os.path.abspath(os.fsdecode(path)).startswith(needle)
+def fail(path):
+    raise OSError(code, os.strerror(code), os.fsdecode(path))
+def guard(fn, is_write=lambda *a, **k: True):
+    def wrapped(path, *a, **k):
+        if hit(path) and is_write(*a, **k):
+            fail(path)
+        return fn(path, *a, **k)
+    return wrapped
+if where == "save":  # the write of a checkpoint: a full disk
+    if code == 0:  # what torch.save itself raises on a full disk
+        def save(obj, f, *a, **k):
+            raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 4480 vs 4374")
+        torch.save = save
+    else:
+        torch.save = lambda obj, f, *a, **k: fail(f)
+else:  # the whole folder is read-only
+    os.open = guard(os.open, lambda flags, *a, **k: flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+    builtins.open = guard(builtins.open, lambda mode="r", *a, **k: any(c in mode for c in "wax+"))
+    for name in ("mkdir", "remove", "unlink", "rmdir"):
+        setattr(os, name, guard(getattr(os, name)))
+    os.replace = guard(os.replace)
+    os.rename = guard(os.rename)
+    torch.save = lambda obj, f, *a, **k: fail(f)
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+def test_read_only_and_full_disks_get_one_line_and_keep_the_old_files(data, tmp_path):
+    faults = tmp_path / "faults.py"
+    faults.write_text(FAULTS)
+
+    def under(code, where, folder, args):
+        return run([str(faults), str(code), where, str(tmp_path / folder)] + args, tmp_path, check=False)
+
+    run(train(data, "--out_dir=o", "--max_iters=2", "--eval_interval=2"), tmp_path)
+    files = lambda: {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir()}  # noqa: E731
+    old = files()
+    for args in (["--overwrite=True"], ["--init_from=resume", "--max_iters=4"],
+                 ["--init_from=resume", "--eval_only=True"]):  # a read-only out_dir: scratch, resume, eval_only
+        p = under(errno.EROFS, "ro", "o", train(data, "--out_dir=o", "--max_iters=2", "--eval_interval=2") + args)
+        refused(p, "Read-only file system", "o")
+        assert files() == old, args
+    # a new out_dir under a read-only folder
+    os.makedirs(tmp_path / "ro")
+    refused(under(errno.EROFS, "ro", "ro", train(data, "--out_dir=ro/o", "--max_iters=2")), "Read-only file system")
+    # a full disk at the checkpoint's write: resume (the checkpoint before stays) and scratch
+    p = under(errno.ENOSPC, "save", "o", train(data, "--out_dir=o", "--init_from=resume", "--max_iters=4",
+                                               "--eval_interval=2"))
+    refused(p, "could not write", "ckpt.pt", "No space left on device", "intact")
+    assert files()["ckpt.pt"] == old["ckpt.pt"] and "ckpt.pt.tmp" not in files()
+    p = under(0, "save", "n", train(data, "--out_dir=n", "--max_iters=2", "--eval_interval=2"))
+    refused(p, "could not write", "unexpected pos")
+    assert sorted(os.listdir(tmp_path / "n")) == ["metrics.jsonl"]
+
+
+# -----------------------------------------------------------------------------
+# 4. settings refused before anything is written
+
+def test_config_files_devices_and_kernels_refused_in_one_line(data, tmp_path):
+    (tmp_path / "syntax.py").write_text("batch_size = 8\nn_layer = (3\n")
+    refused(run([TRAIN, "syntax.py"], tmp_path, check=False), "config file syntax.py, line 2")
+    (tmp_path / "raises.py").write_text("batch_size = 8\n\nn_layer = 1 // 0\n")
+    refused(run([TRAIN, "raises.py"], tmp_path, check=False), "config file raises.py, line 3",
+            "ZeroDivisionError: integer division or modulo by zero")
+    p = run(train(data, "--out_dir=o", "--device=tpu"), tmp_path, check=False)
+    refused(p, "device must be auto, cpu, cuda or cuda:N (got device='tpu')")
+    p = run(train(data, "--out_dir=o", "--attn_impl=triton", "--pos_emb=pope"), tmp_path, check=False)
+    refused(p, "attn_impl='triton' cannot run here", "TRITON_INTERPRET=1", "--attn_impl=torch")
+    assert not (tmp_path / "o").exists()
+
+
+# -----------------------------------------------------------------------------
+# 5. a folder with a log and no checkpoint
+
+def test_a_log_without_a_checkpoint_is_not_a_run_to_protect(data, tmp_path):
+    os.makedirs(tmp_path / "o")
+    (tmp_path / "o" / "metrics.jsonl").write_text('{"iter": 0, "loss": 9.0}\n')
+    args = train(data, "--out_dir=o", "--max_iters=2", "--eval_interval=2")
+    p = run(args + ["--init_from=resume"], tmp_path, check=False)
+    err = refused(p, "o/ckpt.pt not found", "nothing to resume", "start it anew: python train.py")
+    fresh = shlex.split(err.split("start it anew: ")[1])
+    assert fresh[:2] == ["python", "train.py"] and "--init_from=resume" not in fresh
+    p = run([TRAIN] + fresh[2:], tmp_path)  # the command it gives works
+    assert "this run's log replaces it" in p.stdout
+    assert sorted(losses(tmp_path / "o")) == [0, 1] and 9.0 not in losses(tmp_path / "o").values()
+    # a checkpoint, alone: "already exists", one file
+    os.remove(tmp_path / "o" / "metrics.jsonl")
+    refused(run(args, tmp_path, check=False), "o/ckpt.pt already exists:", "replaces it")
+
+
+# -----------------------------------------------------------------------------
+# 6. progress
+
+def test_eval_progress_bar_on_a_terminal_only(data):
+    import train as tr
+    from contextlib import nullcontext
+    from model import GPT, GPTConfig
+    from prepare.common import Data
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    d = Data(str(data / "toy"), 32, ["val"])
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=20))
+    cfg = {"batch_size": 4, "eval_iters": 7, "seed": 0}
+    for bar, stream in ((True, Terminal()), (False, Terminal()), (True, io.StringIO())):
+        old, sys.stderr = sys.stderr, stream
+        try:
+            tr.evaluate(model, d, "val", cfg, "cpu", nullcontext(), bar=bar)
+        finally:
+            sys.stderr = old
+        text = stream.getvalue()
+        if bar and stream.isatty():
+            assert "eval val" in text and "/7" in text, text
+        else:
+            assert text == "", text  # no bar off the master rank, none in a log file
+
+
+def test_eta_is_smoothed_and_mfu_is_cuda_only(data, tmp_path, monkeypatch, capsys):
+    """A fake clock: 6 s per step, one step of 306 s at iteration 50. The ETA after
+    it may not jump as the last step's rate would (51 min instead of 1.1)."""
+    import train as tr
+    calls = []
+
+    def fake_time():
+        calls.append(None)
+        n = len(calls)
+        return 6.0 * n + (300.0 if n >= 53 else 0.0)  # call n: iteration n - 3's log (after start and first eval)
+
+    monkeypatch.setattr(tr, "time", types.SimpleNamespace(time=fake_time))
+    tr.main([f"--data_dir={data}", "--dataset=toy", f"--out_dir={tmp_path / 'o'}", "--max_iters=60",
+             "--eval_interval=1000"] + TINY)
+    out = capsys.readouterr().out
+    eta = {int(m[1]): float(m[2]) for m in re.finditer(r"iter (\d+): .*eta ([\d.]+) min", out)}
+    assert eta[49] == pytest.approx(11 * 6 / 60, abs=0.051)
+    assert eta[49] < eta[50] < 2 * eta[49], (eta[49], eta[50])
+    dt = {r["iter"]: r["dt_ms"] for r in records(tmp_path / "o") if "loss" in r}
+    assert dt[50] == pytest.approx(306e3) and dt[49] == pytest.approx(6e3)  # the clock is the one train.py read
+    iter_lines = [line for line in out.splitlines() if line.startswith("iter ")]
+    assert len(eta) == len(iter_lines) == 60 and not any("mfu" in line for line in iter_lines)
+    assert all("mfu" not in r for r in records(tmp_path / "o"))
