@@ -260,6 +260,9 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
+        # hook points (identities, no weights): each head's q and k as projected, before RoPE or a cache;
+        # analysis scripts (eval_frequencies.py) read the attention's own q/k through forward hooks on these
+        self.q_probe, self.k_probe = nn.Identity(), nn.Identity()
         self.scale = 1.0 / math.sqrt(self.head_dim)
         if self.pos_emb == "pope":  # the keys' learned phase bias (initialised in GPT.__init__)
             self.delta = nn.Parameter(torch.zeros(config.n_head, self.head_dim))
@@ -286,6 +289,7 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        q, k = self.q_probe(q), self.k_probe(k)
         static = cache is not None and cache.static
         pos0 = 0 if cache is None else cache.pos_t if static else cache.pos
         if self.pos_emb == "rope":

@@ -1,0 +1,247 @@
+"""
+Which positional frequencies a trained model uses (the paper's last analysis, arXiv 2509.10534: RoPE models
+suppress their high-frequency channels, PoPE models use a broader range): per layer, head and frequency
+channel, the mean magnitude of the query's and key's channel and the channel's weight in the score.
+
+Usage:
+  python eval_frequencies.py --ckpt out-pope/ckpt.pt out-rope/ckpt.pt --data data/english/val.bin
+  python eval_frequencies.py --ckpt A.pt B.pt --labels PoPE,RoPE --data val.bin --json f.json --plot f.png
+
+q and k are the attention's own: forward hooks on the hook points q_probe and k_probe of
+model.CausalSelfAttention (each head's projection, before RoPE or a cache). Each model runs the first --tokens
+tokens in windows of its block size T (positions 0..T-1), in float32; the sums are float64.
+  PoPE  channel c = 0..D-1 at theta_c = base^(-c/D) (model.pope_frequencies); magnitude mu = softplus(x_c).
+  RoPE  pair i = the two dims model.apply_rope rotates together (found by rotating each basis vector), at the
+        angle it turns per position (the model's inv_freq, YaRN included); magnitude = the pair's norm.
+  NoPE  the same pairs and norms, at the frequencies RoPE would give them (a reference: nothing rotates).
+Per (layer, head, channel): q_mag, k_mag = the mean magnitude over all positions; weight = the mean of
+mag_q[t] * mag_k[s] over the causal pairs s <= t of every window. The score a_ts sums, over channels,
+mag_q[t] * mag_k[s] * cos(phase difference), so weight is the channel's mean size in the score before its
+cosine. share = weight summed over heads, each layer's row normalised to sum to 1. Channels are ordered by
+frequency, highest first, so PoPE and RoPE share one axis; the top quarter is the C // 4 highest-frequency
+channels of C (an even spread puts 0.25 of the weight there).
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from model import apply_rope, load_checkpoint, pope_frequencies, yarn_inv_freq
+from prepare.common import PrepareError, codec, write_atomic, write_json
+
+
+def die(msg):
+    raise SystemExit(f"error: {msg}")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = p.add_argument
+    add("--ckpt", nargs="+", required=True, help="one or more train.py checkpoints (ckpt.pt)")
+    add("--data", required=True, help='a prepared split X.bin (meta.json beside it); X.txt (read whole) or X.jsonl '
+        '({"text": ...} per line), tokenized with each checkpoint\'s tokenizer')
+    add("--tokens", type=int, default=65536, help="tokens per model, the first of --data, in whole windows of the "
+        "model's block size (default 65536)")
+    add("--labels", help="comma-separated names, one per --ckpt (default: D of D/ckpt.pt, else X of X.pt)")
+    add("--batch_size", type=int, default=8, help="windows per forward pass (default 8)")
+    add("--json", help="write every array here")
+    add("--plot", help="write a PNG here: heat maps layer x frequency, and the mean over layers (needs matplotlib)")
+    add("--device", default="auto", help="auto (cuda if available) | cpu | cuda | cuda:1 ...")
+    add("--no_progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    for name in ("tokens", "batch_size"):
+        if getattr(args, name) < 1:
+            die(f"--{name} must be >= 1, got {getattr(args, name)}")
+    args.labels = args.labels and [x.strip() for x in args.labels.split(",")]
+    if args.labels and len(args.labels) != len(args.ckpt):
+        die(f"--labels has {len(args.labels)} names for {len(args.ckpt)} checkpoints")
+    if missing := [path for path in args.ckpt if not os.path.isfile(path)]:  # fail before the slow part
+        die(f"checkpoint {missing[0]} not found (train one with train.py: it writes out_dir/ckpt.pt)")
+    if os.path.splitext(args.data)[1].lower() not in (".bin", ".txt", ".jsonl"):
+        die(f"--data must be a .bin (with meta.json beside it), .txt or .jsonl; got {args.data}")
+    if not (os.path.isfile(args.data) and os.path.getsize(args.data)):
+        die(f"data file {args.data} " + ("is empty (0 bytes)" if os.path.isfile(args.data) else "not found"))
+    args.labels = args.labels or [Path(p).stem if Path(p).name != "ckpt.pt" else Path(p).resolve().parent.name
+                                  for p in args.ckpt]
+    if len(set(args.labels)) < len(args.labels):
+        die(f"two checkpoints share the label {max(args.labels, key=args.labels.count)!r}; name them with --labels")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        die("--plot needs matplotlib: pip install matplotlib")
+    return args
+
+
+def vocab_key(meta):
+    """Which tokenizer a meta.json describes: "gpt2", its character list, or None."""
+    return "gpt2" if meta.get("tokenizer") == "gpt2" else json.dumps(meta["itos"]) if "itos" in meta else None
+
+
+def load_tokens(spec, meta, need, ckpt):
+    """The first `need` tokens of --data (fewer if it has fewer), read as eval_extrapolation.py reads them."""
+    if spec.lower().endswith(".bin"):
+        if not (meta_path := Path(spec).resolve().parent / "meta.json").is_file():
+            die(f"{spec}: no meta.json beside it ({meta_path}); prepare/ writes each X.bin with a meta.json")
+        data_meta = json.loads(meta_path.read_text())
+        if None not in (a := vocab_key(data_meta), b := vocab_key(meta)) and a != b:
+            die(f"{spec} was tokenized with a different vocabulary than {ckpt}'s training data")
+        dtype, size = np.dtype(data_meta.get("dtype", "uint16")), os.path.getsize(spec)
+        if size % dtype.itemsize:
+            die(f"{spec} has {size} bytes, not a multiple of {dtype} ({dtype.itemsize} bytes) as meta.json says")
+        return np.fromfile(spec, dtype=dtype, count=min(need, size // dtype.itemsize))
+    try:
+        encode, _ = codec(meta)
+    except ValueError:
+        die(f'{ckpt} has no tokenizer in its meta ("tokenizer": "gpt2" or "itos"); give token ids as a .bin')
+    except PrepareError as e:  # e.g. tiktoken offline
+        die(str(e))
+    gpt2, jsonl, out = vocab_key(meta) == "gpt2", spec.lower().endswith(".jsonl"), []
+    sep = encode("<|endoftext|>" if gpt2 else "\n\n") if jsonl and (gpt2 or "\n" in meta["itos"]) else []
+    with open(spec, encoding="utf-8") as f:  # documents end as in the training data
+        for lineno, line in enumerate(f if jsonl else [f.read()], 1):
+            try:  # blank lines of a .jsonl hold no document
+                text = (json.loads(line)["text"] if line.strip() else "") if jsonl else line
+                if not isinstance(text, str):
+                    raise TypeError
+                out += encode(text) + sep if text else []
+            except (json.JSONDecodeError, TypeError, KeyError):
+                die(f'{spec}:{lineno}: expected a JSON object with a "text" string per line')
+            except ValueError as e:
+                die(f"{spec}: cannot tokenize with {ckpt}'s vocabulary: {e}")
+            if len(out) >= need:
+                break
+    return np.asarray(out[:need], dtype=np.int64)
+
+
+def channels(model):
+    """(frequencies, dims): each channel's frequency and the head dims it reads, in the model's own order."""
+    cfg, D = model.config, model.config.n_embd // model.config.n_head
+    if cfg.pos_emb == "pope":
+        return pope_frequencies(D, cfg.pope_base, dtype=torch.float64).numpy(), np.arange(D)[:, None]
+    inv_freq = model.transformer.h[0].attn.inv_freq if cfg.pos_emb == "rope" else \
+        yarn_inv_freq(D, cfg.rope_base, 1.0, 1)[0]  # NoPE: RoPE's frequencies, for the axis
+    # each basis vector e_j, rotated by one position, turns in the plane of its pair by the pair's frequency
+    r = apply_rope(torch.eye(D, dtype=torch.float64).view(D, 1, 1, D), inv_freq.cpu().double(), 1)[:, 0, 0]
+    partner = (r.abs() * (1 - torch.eye(D, dtype=torch.float64))).argmax(1)
+    if (r.abs() > 1e-12).sum(1).ne(2).any() or partner[partner].ne(torch.arange(D)).any():
+        die("model.apply_rope does not rotate the head dims in pairs; this script measures pairs")
+    pairs = torch.stack([torch.arange(D), partner], 1)[torch.arange(D) < partner]
+    return torch.atan2(r[pairs[:, 0], pairs[:, 1]].abs(), r[pairs[:, 0], pairs[:, 0]]).numpy(), pairs.numpy()
+
+
+@torch.no_grad()
+def measure(label, path, model, toks, T, bs, device, bar):
+    """Run the windows of toks through the model; every statistic of the docstring, channels by frequency."""
+    cfg, (freqs, dims) = model.config, channels(model)
+    idx, n = torch.as_tensor(dims, device=device), len(toks) // T
+
+    def mag(x):  # (B, H, T, C) magnitudes in float64: softplus (PoPE) or the norm of each pair
+        x = x.double()
+        return F.softplus(x) if cfg.pos_emb == "pope" else torch.hypot(x[..., idx[:, 0]], x[..., idx[:, 1]])
+    sums, held = torch.zeros(3, cfg.n_layer, cfg.n_head, len(dims), dtype=torch.float64, device=device), {}
+
+    def on_k(layer):
+        def hook(module, inp, k):
+            mq, mk = mag(held.pop(layer)), mag(k)
+            sums[0, layer] += mq.sum((0, 2))
+            sums[1, layer] += mk.sum((0, 2))
+            sums[2, layer] += (mq * mk.cumsum(2)).sum((0, 2))  # sum_t mag_q[t] * sum_{s<=t} mag_k[s]
+        return hook
+    attns = [block.attn for block in model.transformer.h]
+    if not all(hasattr(a, "q_probe") and hasattr(a, "k_probe") for a in attns):
+        die("model.py's attention has no q_probe/k_probe hook points (see CausalSelfAttention.__init__)")
+    handles = [h for i, a in enumerate(attns) for h in (
+        a.q_probe.register_forward_hook(lambda m, inp, q, i=i: held.__setitem__(i, q)),
+        a.k_probe.register_forward_hook(on_k(i)))]
+    try:
+        for j in range(0, n, bs):
+            model(torch.from_numpy(np.asarray(toks[j * T:min(n, j + bs) * T], dtype=np.int64)).view(-1, T).to(device))
+            bar.update(1)
+    finally:
+        for h in handles:
+            h.remove()
+    order = np.argsort(-freqs, kind="stable")  # highest frequency first
+    s = sums[..., torch.as_tensor(order, device=device)].cpu().numpy()
+    q, k, w = s[0] / (n * T), s[1] / (n * T), s[2] / (n * T * (T + 1) / 2)  # over positions; over causal pairs
+    share = w.sum(1) / w.sum((1, 2))[:, None]  # (layer, channel): over heads, each row sums to 1
+    top = share[:, :(n_top := max(1, len(order) // 4))].sum(1)
+    return {"label": label, "ckpt": path, "pos_emb": cfg.pos_emb, "n_layer": cfg.n_layer, "n_head": cfg.n_head,
+            "head_dim": cfg.n_embd // cfg.n_head, "window": T, "tokens": n * T, "freq": freqs[order].tolist(),
+            "dims": dims[order].tolist(), "q_mag": q.tolist(), "k_mag": k.tolist(), "weight": w.tolist(),
+            "share": share.tolist(), "top_quarter": n_top, "top_quarter_share": top.tolist(),
+            "top_quarter_share_mean": float(top.mean())}
+
+
+def write_plot(path, models):
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
+    fig = Figure(figsize=(7, 2.4 * (len(models) + 1)), layout="constrained")
+    axes = fig.subplots(len(models) + 1, 1, sharex=True)  # one frequency axis for every model
+    for ax, m in zip(axes, models):  # cells span the geometric midpoints between channels' frequencies
+        lf = np.log(m["freq"])
+        d = np.diff(lf) if len(lf) > 1 else np.array([-1.0])
+        edges = np.exp(np.concatenate([[lf[0] - d[0] / 2], lf[:-1] + d / 2, [lf[-1] + d[-1] / 2]]))
+        im = ax.pcolormesh(edges, np.arange(m["n_layer"] + 1) - 0.5, np.array(m["share"]), cmap="viridis")
+        fig.colorbar(im, ax=ax, label="share")
+        ax.yaxis.get_major_locator().set_params(integer=True)
+        ax.set(xscale="log", ylabel="layer", title=f"{m['label']} ({m['pos_emb']}): each layer's score weight by "
+               "channel (rows sum to 1)")
+    for m in models:
+        axes[-1].plot(m["freq"], np.array(m["share"]).mean(0) * len(m["freq"]), marker=".",
+                      linestyle="--" if m["pos_emb"] == "none" else "-", label=f"{m['label']} ({m['pos_emb']})")
+    axes[-1].axhline(1, color="gray", linestyle=":", linewidth=1)
+    axes[-1].set(xlabel="frequency (radians per position)", ylabel="mean share x channels (1 = even)",
+                 title="Mean over layers (NoPE at RoPE's frequencies, a reference)")
+    axes[-1].legend()
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    print(f"wrote {path}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        die("--device cuda but CUDA is not available here; pass --device cpu")
+    runs, streams = [], {}
+    for i, path in enumerate(args.ckpt):
+        try:
+            model, ckpt = load_checkpoint(path, device)
+        except Exception as e:  # noqa: BLE001 (unpickling, missing keys, shapes: all say the same)
+            die(f"could not load {path} as a train.py checkpoint: {type(e).__name__}: {e}")
+        label, T, meta = args.labels[i], model.config.block_size, ckpt.get("meta") or {}
+        if args.tokens < T:
+            die(f"--tokens={args.tokens} is less than one window of {path} (its block size {T})")
+        if (key := vocab_key(meta)) not in streams:  # one token stream per tokenizer
+            streams[key] = load_tokens(args.data, meta, args.tokens, path)
+        if len(toks := streams[key]) < args.tokens:
+            die(f"{args.data} has only {len(toks)} tokens for {path}; pass --tokens <= {len(toks)}")
+        if args.tokens % T:
+            print(f"note: {label}: {args.tokens // T * T} tokens, whole windows of {T}", file=sys.stderr)
+        if (vmax := int(np.max(toks))) >= model.config.vocab_size:
+            die(f"{args.data} holds token id {vmax} but {path} has a vocabulary of {model.config.vocab_size}")
+        runs.append((label, path, model, toks, T))
+    total = sum(-(-(len(toks) // T) // args.batch_size) for *_, toks, T in runs)
+    with tqdm(total=total, unit="batch", file=sys.stderr, dynamic_ncols=True, disable=args.no_progress) as bar:
+        models = [measure(*r, args.batch_size, device, bar) for r in runs]
+    for m in models:
+        print(f"\n{m['label']} ({m['pos_emb']}): share of the score weight in the top quarter of frequencies "
+              f"({m['top_quarter']} of {len(m['freq'])} channels, theta >= {m['freq'][m['top_quarter'] - 1]:.3g})")
+        print("  layer " + "".join(f"{i:>7}" for i in range(m["n_layer"])) + "   mean")
+        print("  share " + "".join(f"{x:7.3f}" for x in m["top_quarter_share"]) + f"{m['top_quarter_share_mean']:7.3f}")
+    result = {"data": args.data, "tokens": args.tokens, "device": device, "models": {m["label"]: m for m in models},
+              "definitions": __doc__[__doc__.index("q and k are"):].strip()}
+    if args.json:
+        write_json(args.json, result)
+        print(f"wrote {args.json}")
+    if args.plot:
+        write_plot(args.plot, models)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""Tests for eval_frequencies.py (CPU, tiny models built here and saved as train.py saves them).
+
+Run: python -m pytest tests/test_frequencies.py -q
+The magnitudes and weights are checked against a float64 reference computed here from the weights, and
+planted models (hand-set q/k projections) have a known answer. The whole file runs in seconds."""
+
+import copy
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import eval_frequencies as ef  # noqa: E402
+from model import GPT, GPTConfig, yarn_inv_freq  # noqa: E402
+
+ITOS = list("abcdefghijklmnop")
+META = {"vocab_size": len(ITOS), "dtype": "uint16", "tokenizer": "itos", "itos": ITOS}
+TINY = dict(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=len(ITOS))  # head dim D = 8
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """val.bin (5000 random letters) with its meta.json."""
+    d = tmp_path_factory.mktemp("freq") / "data"
+    d.mkdir()
+    np.random.default_rng(0).integers(0, len(ITOS), 5000).astype(np.uint16).tofile(d / "val.bin")
+    (d / "meta.json").write_text(json.dumps(META))
+    return d / "val.bin"
+
+
+def save(model, path):
+    """A checkpoint with the keys train.py writes (no optimizer state: it is not read here)."""
+    args = {f: getattr(model.config, f) for f in model.config.__dataclass_fields__}
+    torch.save({"model": model.state_dict(), "model_args": args, "iter_num": 1, "best_val_loss": math.inf,
+                "config": {}, "meta": META}, path)
+    return str(path)
+
+
+def tiny(seed, **kw):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**{**TINY, **kw})).eval()
+
+
+def run(args, tmp_path):
+    out = tmp_path / "f.json"
+    res = ef.main([*map(str, args), "--json", str(out), "--no_progress"])
+    on_disk = json.loads(out.read_text())
+    assert on_disk == json.loads(json.dumps(res))
+    return on_disk
+
+
+def err(args):
+    with pytest.raises(SystemExit) as e:
+        ef.main([*map(str, args), "--no_progress"])
+    return str(e.value.code)
+
+
+# -----------------------------------------------------------------------------
+# shapes, frequencies and their order
+
+@pytest.mark.parametrize("pe,extra", [("pope", dict(pope_base=500.0)), ("rope", {}),
+                                      ("rope", dict(rope_scaling=4.0, rope_scaling_orig_len=8)), ("none", {})])
+def test_shapes_and_frequency_order(data, tmp_path, pe, extra):
+    path = save(tiny(0, pos_emb=pe, **extra), tmp_path / "m.pt")
+    js = run(["--ckpt", path, "--data", data, "--tokens", 256], tmp_path)
+    assert js["tokens"] == 256 and js["data"] == str(data)
+    m = js["models"]["m"]
+    D, C = 8, 8 if pe == "pope" else 4
+    assert (m["ckpt"], m["pos_emb"], m["tokens"], m["window"]) == (path, pe, 256, 16)
+    for key in ("q_mag", "k_mag", "weight"):
+        assert np.array(m[key]).shape == (2, 2, C) and np.all(np.array(m[key]) > 0)
+    share, freq = np.array(m["share"]), np.array(m["freq"])
+    assert share.shape == (2, C) and np.allclose(share.sum(1), 1.0, atol=1e-12)
+    assert np.all(np.diff(freq) < 0)  # highest frequency first
+    if pe == "pope":  # theta_c = base^(-c/D), channel c = dim c
+        assert m["dims"] == [[c] for c in range(D)]
+        np.testing.assert_allclose(freq, 500.0 ** (-np.arange(D) / D), rtol=1e-12)
+    else:  # apply_rope pairs dim i with i + D/2; the model's inv_freq (YaRN's where set) is the frequency
+        assert m["dims"] == [[i, i + D // 2] for i in range(C)]
+        ref = yarn_inv_freq(D, 10000.0, extra.get("rope_scaling", 1.0), extra.get("rope_scaling_orig_len", 16))[0]
+        np.testing.assert_allclose(freq, ref.double().numpy(), rtol=1e-6)
+    n_top = max(1, C // 4)
+    assert m["top_quarter"] == n_top
+    np.testing.assert_allclose(m["top_quarter_share"], share[:, :n_top].sum(1), rtol=1e-12)
+    assert m["top_quarter_share_mean"] == pytest.approx(np.mean(m["top_quarter_share"]), rel=1e-12)
+
+
+# -----------------------------------------------------------------------------
+# planted models: one channel (PoPE) or one rotated pair (RoPE) carries all of the score's weight
+
+def planted(pe, seed, channel):
+    """q/k projections that ignore the input (weights 0) and put everything into one channel through the bias."""
+    model = tiny(seed, pos_emb=pe, bias=True)
+    C, D, g = 16, 8, torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for block in model.transformer.h:
+            w, b = block.attn.c_attn.weight, block.attn.c_attn.bias
+            w[:2 * C] = 0
+            b[:2 * C] = -30.0 if pe == "pope" else 0.0  # softplus(-30) ~ 1e-13; RoPE: norm 0
+            for h in range(2):
+                for part in (0, C):  # q, then k
+                    dims = [channel] if pe == "pope" else [channel, channel + D // 2]
+                    b[[part + h * D + d for d in dims]] = 1.0 + 4.0 * torch.rand(len(dims), generator=g)
+    return model
+
+
+@pytest.mark.parametrize("pe,channel", [("pope", 1), ("pope", 5), ("rope", 0), ("rope", 2)])
+def test_planted_channel_carries_the_weight(data, tmp_path, pe, channel):
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    model = planted(pe, seed, channel)
+    m = run(["--ckpt", save(model, tmp_path / "m.pt"), "--data", data, "--tokens", 64], tmp_path)["models"]["m"]
+    share = np.array(m["share"])
+    C = len(m["freq"])
+    assert (share.argmax(1) == channel).all(), f"seed {seed}: {share}"
+    np.testing.assert_allclose(share[:, channel], 1.0, atol=1e-10, err_msg=f"seed {seed}")
+    in_top = channel < max(1, C // 4)
+    np.testing.assert_allclose(m["top_quarter_share"], 1.0 if in_top else 0.0, atol=1e-10, err_msg=f"seed {seed}")
+    b = model.transformer.h[1].attn.c_attn.bias.double()  # layer 1, head 1: its q and k magnitudes, by hand
+    if pe == "pope":
+        mq, mk = F.softplus(b[8 + channel]), F.softplus(b[16 + 8 + channel])
+    else:
+        mq, mk = torch.hypot(b[8 + channel], b[12 + channel]), torch.hypot(b[24 + channel], b[28 + channel])
+    assert m["q_mag"][1][1][channel] == pytest.approx(mq.item(), rel=1e-6), f"seed {seed}"
+    assert m["k_mag"][1][1][channel] == pytest.approx(mk.item(), rel=1e-6), f"seed {seed}"
+    assert m["weight"][1][1][channel] == pytest.approx((mq * mk).item(), rel=1e-6), f"seed {seed}"
+
+
+# -----------------------------------------------------------------------------
+# against a float64 reference computed from the weights
+
+@pytest.mark.parametrize("pe", ["pope", "rope"])
+def test_magnitudes_and_weight_match_a_float64_reference(data, tmp_path, pe):
+    """mu = softplus(q) (PoPE) or the norm of (q_i, q_i+D/2) (RoPE) from the projections computed here in
+    float64; weight = the mean over causal pairs s <= t by an explicit mask."""
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    model = tiny(seed, pos_emb=pe)
+    with torch.no_grad():  # larger weights than the init, so that softplus is far from linear
+        for block in model.transformer.h:
+            block.attn.c_attn.weight.mul_(40.0)
+    m = run(["--ckpt", save(model, tmp_path / "m.pt"), "--data", data, "--tokens", 48], tmp_path)["models"]["m"]
+    idx = torch.from_numpy(np.fromfile(data, dtype=np.uint16)[:48].astype(np.int64)).view(3, 16)
+    ref = copy.deepcopy(model).double().requires_grad_(False)
+    x = ref.transformer.wte(idx)
+    causal = torch.tril(torch.ones(16, 16, dtype=torch.float64))  # [t, s] = 1 where s <= t
+    for layer, block in enumerate(ref.transformer.h):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * block.ln_1.weight
+        q, k = (t.view(3, 16, 2, 8).transpose(1, 2) for t in (h @ block.attn.c_attn.weight[:32].T).split(16, -1))
+        if pe == "pope":
+            mq, mk = F.softplus(q), F.softplus(k)
+        else:
+            mq, mk = torch.hypot(q[..., :4], q[..., 4:]), torch.hypot(k[..., :4], k[..., 4:])
+        w = torch.einsum("bhtc,ts,bhsc->hc", mq, causal, mk) / (3 * causal.sum())
+        for key, want in (("q_mag", mq.mean((0, 2))), ("k_mag", mk.mean((0, 2))), ("weight", w)):
+            np.testing.assert_allclose(m[key][layer], want.numpy(), rtol=2e-5, err_msg=f"seed {seed}, layer {layer}")
+        x = block(x)  # the next layer's input
+
+
+def test_text_data_matches_bin_and_table_matches_json(data, tmp_path, capsys):
+    path = save(tiny(1, pos_emb="pope"), tmp_path / "m.pt")
+    text = "".join(ITOS[i] for i in np.fromfile(data, dtype=np.uint16)[:160])
+    (tmp_path / "t.txt").write_text(text)
+    (tmp_path / "t.jsonl").write_text(json.dumps({"text": text[:70]}) + "\n\n" + json.dumps({"text": text[70:]}))
+    ref = run(["--ckpt", path, "--data", data, "--tokens", 160], tmp_path)["models"]["m"]
+    out = capsys.readouterr().out
+    assert "  share " + "".join(f"{x:7.3f}" for x in ref["top_quarter_share"]) in out
+    assert run(["--ckpt", path, "--data", tmp_path / "t.txt", "--tokens", 160], tmp_path)["models"]["m"] == ref
+    # .jsonl documents end as in training ("\n\n" when the vocabulary has "\n"; this one has not): the same ids
+    assert run(["--ckpt", path, "--data", tmp_path / "t.jsonl", "--tokens", 160], tmp_path)["models"]["m"] == ref
+
+
+def test_plot(data, tmp_path, capsys):
+    path = save(tiny(0, pos_emb="pope"), tmp_path / "p.pt")
+    path2 = save(tiny(0, pos_emb="rope"), tmp_path / "r.pt")
+    args = ["--ckpt", path, path2, "--labels", "P,R", "--data", data, "--tokens", 64, "--plot", tmp_path / "f.png"]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "pip install matplotlib" in err(args)
+        return
+    ef.main([*map(str, args), "--no_progress"])
+    assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        ef.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "Usage:" in out and "--tokens" in out and "causal pairs" in out
+
+
+def test_clear_errors(data, tmp_path, monkeypatch):
+    ck = save(tiny(0, pos_emb="pope"), tmp_path / "m.pt")
+    assert "checkpoint nope/ckpt.pt not found" in err(["--ckpt", "nope/ckpt.pt", "--data", data])
+    assert "--tokens must be >= 1, got 0" in err(["--ckpt", ck, "--data", data, "--tokens", 0])
+    assert "--tokens must be >= 1, got -5" in err(["--ckpt", ck, "--data", data, "--tokens=-5"])
+    assert "less than one window" in err(["--ckpt", ck, "--data", data, "--tokens", 15])
+    assert "has only 5000 tokens" in err(["--ckpt", ck, "--data", data, "--tokens", 6000])
+    assert "data file missing.bin not found" in err(["--ckpt", ck, "--data", "missing.bin"])
+    assert "must be a .bin" in err(["--ckpt", ck, "--data", __file__])
+    assert "--labels has 2 names for 1" in err(["--ckpt", ck, "--data", data, "--labels", "a,b"])
+    assert "share the label 'm'" in err(["--ckpt", ck, ck, "--data", data])
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    assert "could not load" in err(["--ckpt", tmp_path / "junk.pt", "--data", data])
+    (tmp_path / "bad.jsonl").write_text('{"text": "abc"}\n[1, 2]\n')
+    assert "bad.jsonl:2: expected a JSON object" in err(["--ckpt", ck, "--data", tmp_path / "bad.jsonl"])
+    (tmp_path / "x.txt").write_text("xyz" * 10)
+    assert "cannot tokenize" in err(["--ckpt", ck, "--data", tmp_path / "x.txt"])
+    big = save(tiny(0, pos_emb="pope", vocab_size=8), tmp_path / "small_vocab.pt")
+    assert "has a vocabulary of 8" in err(["--ckpt", big, "--data", data, "--tokens", 64])
+    for msg in [err(["--ckpt", ck, "--data", data, "--tokens", 0]), err(["--ckpt", "nope.pt", "--data", data])]:
+        assert msg.startswith("error: ") and "\n" not in msg
+    monkeypatch.setattr(ef.importlib.util, "find_spec", lambda name: None)  # as if matplotlib were not installed
+    assert "pip install matplotlib" in err(["--ckpt", ck, "--data", data, "--plot", tmp_path / "f.png"])
