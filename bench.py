@@ -3,10 +3,14 @@ Benchmarks and GPU checks for the PoPE kernel and the model.
 
 Usage:
     python bench.py kernel     # PoPE kernel vs PyTorch path, RoPE+SDPA, SDPA d=128 (fwd, fwd+bwd eager and graphed)
-    python bench.py check      # kernel forward + 4 gradients vs float64 on the GPU, bitwise determinism
+    python bench.py check      # kernel forward + 4 gradients vs float64 on the GPU, bitwise determinism;
+                               # graphed greedy decoding equals eager decoding token for token
     python bench.py train      # 124M training step, PoPE (kernel / PyTorch path) vs RoPE, compiled
-    python bench.py sample     # decoding tokens/s, PoPE vs RoPE, 124M, batch 1 and 8, eager and compiled
+    python bench.py sample     # decoding tok/s, 124M, PoPE vs RoPE, batch 1 and 8, context 1k and 8k:
+                               # eager, CUDA graph, graph with SDPA's memory-efficient kernel, compiled + graph
+    python bench.py sample_cli # what a user sees: fresh `python sample.py` processes, default vs --compile
     python bench.py aot        # no GPU needed: compile every kernel config for sm_90; registers, spills, shared memory
+    options: --json PATH (sample, sample_cli: the rows as JSON), --modes eager,graph,efficient,compile (sample)
 
 Every table is printed with the GPU, torch and triton versions; RESULTS.md
 quotes them with their command and date. Timings are medians of
@@ -14,7 +18,10 @@ triton.testing.do_bench (CUDA events, L2 flushed) or of CUDA-event-timed steps.
 """
 
 import argparse
+import json
+import os
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -22,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import pope_kernel as pk
+import model as model_lib
 from model import GPT, GPTConfig, pope_attention_torch, pope_delta
 
 
@@ -222,59 +230,142 @@ def train(steps=40, warmup=15, B=16, T=1024):
         del model, opt, step_model
 
 
-def sample_bench(n_new=128):
-    """Decoding of the 124M model (random weights: speed only), bf16 autocast: the
-    prompt fills the context up to n_new tokens before its end, then n_new tokens
-    are generated. Prefill ms and decode tokens/s (new tokens of all rows), PoPE
-    and RoPE side by side, eager and compiled (static cache + CUDA graphs)."""
-    header(f"decoding, 124M, random weights, bf16, {n_new} new tokens at the end of the context")
-    print(f"{'model':5s} {'context':>7s} {'batch':>5s} {'mode':8s} {'prefill ms':>10s} {'decode tok/s':>12s} "
-          f"{'cache bytes/token':>17s}", flush=True)
-    for T in (1024, 8192):
-        for pos_emb in ("rope", "pope"):
-            torch.manual_seed(0)
-            model = gpt124m(pos_emb, block_size=T).eval()
-            for B, compiled in ((1, False), (8, False), (1, True)):
-                prompt = torch.randint(0, 50257, (B, T - n_new), device="cuda")
-                if True:
-                    def run(n):
-                        torch.cuda.synchronize()
-                        t0 = time.perf_counter()
+def random_gpt(pos_emb, block_size, std=0.1, **kw):
+    """A GPT with random weights larger than GPT-2's init, so that greedy tokens
+    depend on the whole context (with std 0.02 they hardly depend on more than
+    the last token, and a decoding bug could go unseen)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(pos_emb=pos_emb, block_size=block_size, pope_delta_init="uniform", **kw)).cuda().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and not name.endswith("delta"):
+                p.normal_(0.0, std)
+    return model
+
+
+def decode_check():
+    """Greedy decoding on a CUDA graph (and compiled) against eager decoding, bf16
+    autocast: the same tokens, token for token. Positions run past block_size
+    (context 2x) and past the context (each token from the last `context`
+    tokens). Sampling on the graph draws only real ids."""
+    header("decoding: CUDA graph vs eager, greedy, bf16 autocast")
+    ok = True
+    for pos_emb in ("pope", "rope"):
+        # std 0.3: at 0.1 PoPE's greedy bf16 output fell into a 3-id loop (H200, 2026-12-01), too weak a check
+        model = random_gpt(pos_emb, 128, std=0.3, n_layer=4, n_head=4, n_embd=256, vocab_size=512)
+        for B in (1, 4):
+            prompt = torch.randint(0, 500, (B, 100), device="cuda", generator=torch.Generator("cuda").manual_seed(B))
+            with torch.autocast("cuda", torch.bfloat16):
+                runs = {mode: model.generate(prompt, 220, temperature=0.0, vocab_size=500, context=256, mode=mode)
+                        for mode in ("eager", "graph") + (("compile",) if B == 4 else ())}
+                sampled = model.generate(prompt, 220, temperature=0.8, top_k=50, vocab_size=500, context=256,
+                                         mode="graph")
+            same = torch.equal(runs["graph"], runs["eager"])
+            varied = runs["eager"][:, 100:].unique().numel()
+            good = same and varied >= 5 and sampled.max().item() < 500  # (>= 5 ids: not a degenerate loop)
+            ok &= good
+            line = (f"{'ok ' if good else 'BAD'} {pos_emb} B={B}: graph == eager for {B} x 220 new tokens: {same} "
+                    f"({varied} distinct ids); sampled on the graph, all ids < 500: {sampled.max().item() < 500}")
+            if "compile" in runs:  # compiled kernels round differently: agreement is reported, not required
+                agree = (runs["compile"] == runs["eager"]).float().mean().item()
+                line += f"; compiled: tokens equal to eager {agree:.1%}"
+            print(line, flush=True)
+        model = None
+    return ok
+
+
+def sample_bench(modes=("eager", "graph", "efficient", "compile"), json_path=None):
+    """Decoding speed of the 124M model (random weights), bf16 autocast, B = 1
+    and 8, PoPE and RoPE, at context 1024 and 8192 (block_size = context): the
+    prompt fills the context but for the new tokens, so steps run at its end.
+    tok/s are new tokens of all rows per second in steady state: the decode
+    time of generate(times=...), prefill and capture/compilation excluded.
+    'efficient' is the graph with SDPA's memory-efficient kernel for the steps
+    instead of model.decode_sdpa's math backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    header("decoding, 124M, random weights, bf16 autocast, steady-state tok/s (all rows)")
+    n_new = {"eager": 24, "graph": 128, "efficient": 128, "compile": 128}
+    cols = " | ".join(f"{m} tok/s" for m in modes)
+    print(f"| model | context | B | prefill ms | {cols} | capture s (graph / compile) | cache bytes/token |")
+    print("|---|---:|---:|---:|" + "---:|" * len(modes) + "---:|---:|", flush=True)
+    rows, t_start, real_sdpa = [], time.perf_counter(), model_lib.decode_sdpa
+    for pos_emb in ("pope", "rope"):
+        for T in (1024, 8192):
+            model = random_gpt(pos_emb, T, std=0.02)
+            cfg = model.config
+            bytes_tok = cfg.n_layer * cfg.n_embd * (3 if pos_emb == "pope" else 2) * 2
+            for B in (1, 8):
+                row = dict(model=pos_emb, context=T, batch=B, cache_bytes_per_token=bytes_tok)
+                for mode in modes:
+                    n = n_new[mode]
+                    prompt = torch.randint(0, 50257, (B, T - n), device="cuda")
+                    times = {}
+                    if mode == "efficient":
+                        model_lib.decode_sdpa = lambda: sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION])
+                    try:
                         with torch.autocast("cuda", torch.bfloat16):
                             model.generate(prompt, n, temperature=1.0, top_k=200, vocab_size=50257,
-                                           compile=compiled)
-                        torch.cuda.synchronize()
-                        return time.perf_counter() - t0
-                    run(n_new)  # warm-up: compile, tuning, CUDA graph capture
-                    t1, tn = min(run(1) for _ in range(3)), min(run(n_new) for _ in range(2))
-                    cache_bytes = 2 * model.config.n_layer * model.config.n_embd * 2  # k and v, bf16
-                    print(f"{pos_emb:5s} {T:7d} {B:5d} {'compiled' if compiled else 'eager':8s} {t1 * 1e3:10.1f} "
-                          f"{B * (n_new - 1) / (tn - t1):12,.0f} {cache_bytes:17,d}", flush=True)
+                                           mode="graph" if mode == "efficient" else mode, times=times)
+                    finally:
+                        model_lib.decode_sdpa = real_sdpa
+                    row[f"{mode}_tok_s"] = B * (n - 1) / times["decode"]
+                    row[f"{mode}_capture_s"] = times["capture"]
+                    row["prefill_ms"] = times["prefill"] * 1e3
+                rows.append(row)
+                caps = " / ".join(f"{row[f'{m}_capture_s']:.1f}" for m in ("graph", "compile") if m in modes)
+                print(f"| {pos_emb} | {T} | {B} | {row['prefill_ms']:,.0f} | "
+                      + " | ".join(f"{row[f'{m}_tok_s']:,.0f}" for m in modes)
+                      + f" | {caps or '-'} | {bytes_tok:,} |", flush=True)
             model = None
             torch.cuda.empty_cache()
-    ttft()
+    print(f"# {time.perf_counter() - t_start:.0f} s", flush=True)
+    write_json(json_path, "sample", rows)
+    return rows
 
 
-def ttft():
-    """Time to the first new token after the checkpoint is loaded, in a fresh
-    `python sample.py` process: cold (empty Triton cache) and warm (its files on disk)."""
-    import os
-    import sys
+def sample_cli(json_path=None):
+    """What a user sees: fresh `python sample.py` processes on a 124M checkpoint
+    of random weights (one character per token id, so no tokenizer is needed),
+    batch 1: the default (a CUDA graph) for 200 and 1000 new tokens, and
+    --compile for 1000; wall time of the whole process and the rates it prints."""
+    header("python sample.py in a fresh process, 124M, random weights, batch 1")
+    rows = []
     with tempfile.TemporaryDirectory() as d:
         for pos_emb in ("pope", "rope"):
-            torch.manual_seed(0)
-            model = gpt124m(pos_emb)
-            ckpt = {"model": model.state_dict(), "model_args": {**vars(model.config)},
-                    "meta": {"tokenizer": "gpt2", "vocab_size": 50257, "dtype": "uint16"}, "config": {}}
+            model = random_gpt(pos_emb, 1024, std=0.02)
+            itos = [chr(0x100 + i) for i in range(50304)]  # below the surrogates (0xD800)
+            ckpt = {"model": model.state_dict(), "model_args": {**vars(model.config)}, "config": {},
+                    "meta": {"vocab_size": 50257, "itos": itos}}
             torch.save(ckpt, os.path.join(d, f"{pos_emb}.pt"))
-            env = dict(os.environ, TRITON_CACHE_DIR=os.path.join(d, f"triton-{pos_emb}"))
-            for kind in ("cold", "warm"):
-                r = subprocess.run([sys.executable, "sample.py", f"--ckpt={d}/{pos_emb}.pt", "--max_new_tokens=1",
-                                    "--num_samples=1", "--start=" + "The meaning of life is " * 20],
-                                   capture_output=True, text=True, env=env)
-                line = [x for x in r.stderr.splitlines() if "new tokens in" in x]
-                print(f"time to first token, {pos_emb}, {kind} Triton cache: "
-                      + (line[0].split(" in ")[1].split(":")[0] if line else "FAILED " + r.stderr[-300:]), flush=True)
+            model = None
+            for n, extra in ((200, []), (1000, []), (1000, ["--compile"])):
+                t0 = time.perf_counter()
+                r = subprocess.run([sys.executable, "sample.py", f"--ckpt={d}/{pos_emb}.pt", f"--max_new_tokens={n}",
+                                    "--num_samples=1", "--start=" + "".join(itos[:20])] + extra,
+                                   capture_output=True, text=True)
+                wall = time.perf_counter() - t0
+                lines = {x.split(":")[0]: x for x in r.stderr.splitlines() if ":" in x}
+                row = dict(model=pos_emb, max_new_tokens=n, flags=" ".join(extra) or "(default)", wall_s=wall,
+                           rc=r.returncode, **{k: lines.get(k, "") for k in ("prefill", "decode", "total")})
+                rows.append(row)
+                print(f"{pos_emb} --max_new_tokens={n} {row['flags']}: {wall:.1f} s wall, rc {r.returncode}\n  "
+                      + "\n  ".join(row[k] for k in ("prefill", "decode", "total") if row[k])
+                      + ("" if r.returncode == 0 else "\n  FAILED: " + r.stderr[-500:]), flush=True)
+    write_json(json_path, "sample_cli", rows)
+    return rows
+
+
+def write_json(path, what, rows):
+    if path:
+        import triton
+        info = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                    date=time.strftime("%Y-%m-%d"))
+        out = json.load(open(path)) if os.path.exists(path) else {}
+        out[what] = dict(info, rows=rows)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(out, f, indent=1)
+        os.replace(tmp, path)
 
 
 # -----------------------------------------------------------------------------
@@ -363,18 +454,30 @@ def aot():
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", nargs="+", choices=["kernel", "check", "train", "sample", "aot"],
+    ap.add_argument("what", nargs="+", choices=["kernel", "check", "train", "sample", "sample_cli", "aot"],
                     help="one or more benchmarks, run in the order given")
+    ap.add_argument("--json", default=None, help="sample, sample_cli: also write the rows to this JSON file")
+    ap.add_argument("--modes", default="eager,graph,efficient,compile",
+                    help="sample: decoding modes to measure, comma-separated (compile takes ~15 s per row)")
     a = ap.parse_args()
+    modes = tuple(a.modes.split(","))
+    if not set(modes) <= {"eager", "graph", "efficient", "compile"} or not modes:
+        ap.error(f"--modes takes eager, graph, efficient and compile, got {a.modes!r}")
     for what in a.what:
         if what == "aot":
             aot()
             continue
         if not torch.cuda.is_available():
             raise SystemExit(f"error: 'bench.py {what}' needs a CUDA GPU ('bench.py aot' does not)")
-        if what == "check" and not check():
-            raise SystemExit("error: kernel check FAILED")
+        if what == "check":
+            kernel_ok, decode_ok = check(), decode_check()
+            if not (kernel_ok and decode_ok):
+                raise SystemExit("error: " + " and ".join(w for w, good in (("kernel check", kernel_ok),
+                                                                          ("decode check", decode_ok)) if not good)
+                                 + " FAILED")
         if what in ("kernel", "train"):
             globals()[what]()
         if what == "sample":
-            sample_bench()
+            sample_bench(modes, a.json)
+        if what == "sample_cli":
+            sample_cli(a.json)

@@ -14,9 +14,10 @@ Usage (as a library):
 import inspect
 import math
 import os
+import time
 import warnings
 import zipfile
-from contextlib import nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
 import torch
@@ -88,9 +89,14 @@ class GPTConfig:
 # with --attn_impl=torch (the PyTorch path, on any device), and only then port
 # the change to those helpers; tests/test_kernel.py fails while the two differ.
 
+def pope_magnitude(x):
+    """mu = softplus(x): every path's magnitudes (the kernel's copy: _softplus)."""
+    return F.softplus(x)
+
+
 def pope_frequencies(D, base=10000.0, device=None, dtype=torch.float32):
-    """theta_c = base^(-c/D) for c = 0..D-1, rounded once from float64."""
-    return (base ** (-torch.arange(D, device=device, dtype=torch.float64) / D)).to(dtype)
+    """theta_c = base^(-c/D) for c = 0..D-1, rounded once from float64 (one kernel)."""
+    return torch.logspace(0, -(D - 1) / D, D, base=base, device=device, dtype=torch.float64).to(dtype)
 
 
 def pope_delta(delta, bound="wrap"):
@@ -119,7 +125,7 @@ def pope_cartesian(x, positions, delta=None, base=10000.0, is_mu=False):
     phase = positions.to(cdtype)[:, None] * theta[None, :]  # (T, D)
     if delta is not None:
         phase = phase + delta.to(cdtype)[:, None, :]  # (H, T, D)
-    mu = x.to(cdtype) if is_mu else F.softplus(x.to(cdtype))
+    mu = x.to(cdtype) if is_mu else pope_magnitude(x.to(cdtype))
     return torch.cat([mu * torch.cos(phase), mu * torch.sin(phase)], dim=-1)
 
 
@@ -128,30 +134,16 @@ def pope_attention_torch(q, k, v, delta, *, causal=True, sm_scale=None, base=100
 
     q: (B, H, Tq, D); k, v: (B, H, Tk, D); delta: (H, D), used as given (bound it
     with pope_delta first). Query row i sits at position q_offset + i, key row j
-    at j. k_is_mu says k already holds mu_k (the KV cache stores it). Never builds
-    a (Tq, Tk, D) tensor; the 2D vectors are cast to v's dtype so that SDPA runs
-    its fused kernels under bf16."""
-    D = q.size(-1)
+    at j (SDPA's is_causal aligns top-left: offsets get a mask). k_is_mu: k holds
+    mu_k. Never builds a (Tq, Tk, D) tensor; the 2D vectors are cast to v's
+    dtype so that SDPA runs its fused kernels under bf16."""
     qpos = torch.arange(q_offset, q_offset + q.size(2), device=q.device)
     kpos = torch.arange(k.size(2), device=q.device)
     qc = pope_cartesian(q, qpos, None, base).to(v.dtype)
     kc = pope_cartesian(k, kpos, delta, base, is_mu=k_is_mu).to(v.dtype)
-    scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
-    return sdpa_with_offset(qc, kc, v, causal=causal, scale=scale, q_offset=q_offset)
-
-
-def sdpa_with_offset(q, k, v, *, causal=True, scale=None, q_offset=0):
-    """scaled_dot_product_attention where query row i sits at position q_offset+i.
-
-    SDPA's own is_causal aligns the mask top-left, which is wrong once Tq != Tk,
-    so any offset case gets an explicit boolean mask."""
-    Tq, Tk = q.size(-2), k.size(-2)
-    if not causal or q_offset >= Tk - 1 and Tq == 1:  # decoding sees every key
-        return F.scaled_dot_product_attention(q, k, v, scale=scale)
-    if q_offset == 0 and Tq == Tk:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    mask = torch.arange(Tk, device=q.device)[None, :] <= torch.arange(Tq, device=q.device)[:, None] + q_offset
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    mask = kpos[None, :] <= qpos[:, None] if causal and (q_offset or q.size(2) != k.size(2)) else None
+    return F.scaled_dot_product_attention(qc, kc, v, attn_mask=mask, is_causal=causal and mask is None,
+                                          scale=1.0 / math.sqrt(q.size(-1)) if sm_scale is None else sm_scale)
 
 
 # -----------------------------------------------------------------------------
@@ -182,11 +174,9 @@ def yarn_inv_freq(head_dim, base, scale, orig_len, beta_fast=32.0, beta_slow=1.0
     return theta.float(), 0.1 * math.log(scale) + 1.0
 
 
-def apply_rope(x, inv_freq, pos0=0):
-    """Rotate (B, H, T, D) by positions pos0..pos0+T-1 (pos0 an int or a 0-dim
-    tensor); pairs are (x[:D/2], x[D/2:])."""
-    pos = torch.arange(x.size(-2), device=x.device, dtype=torch.float32) + pos0
-    ang = pos[:, None] * inv_freq.to(x.device)[None, :]  # (T, D/2)
+def apply_rope(x, inv_freq, positions):
+    """Rotate (B, H, T, D) to the positions (T,); pairs are (x[:D/2], x[D/2:])."""
+    ang = positions.float()[:, None] * inv_freq.to(x.device)[None, :]  # (T, D/2)
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -196,36 +186,32 @@ def apply_rope(x, inv_freq, pos0=0):
 # the model
 
 class KVCache:
-    """Per-layer key/value cache for generate(), in the dtype the attention
-    computes in. For PoPE the keys are stored as magnitudes mu_k = softplus(k):
-    D numbers per position, as many bytes as a RoPE cache; their phases follow
-    from the absolute positions. For RoPE the keys are stored rotated.
+    """generate()'s static cache of `context` slots per layer. A forward of T
+    tokens writes its keys and values at positions pos..pos+T-1 and attends over
+    every slot, masking those past each query; pos, a tensor, advances in place,
+    so a one-token step can be replayed as a CUDA graph. Keys are stored ready
+    to use: RoPE's rotated, PoPE's as pope_cartesian's [mu_k cos(s theta + delta),
+    mu_k sin(s theta + delta)]. Per token and layer 3 n_embd numbers for PoPE,
+    2 n_embd for RoPE: 55,296 vs 36,864 bytes per token for 124M in bf16."""
 
-    pos counts the positions filled. With static=True, one-token steps instead
-    write at the position held by the 0-dim tensor pos_t and attend over the
-    whole cache with a mask: every step has the same shapes and addresses, so a
-    step can be compiled and replayed as a CUDA graph."""
+    def __init__(self, model, B, context, dtype):
+        cfg, device = model.config, model.lm_head.weight.device
+        H, D = cfg.n_head, cfg.n_embd // cfg.n_head
+        Dk = 2 * D if cfg.pos_emb == "pope" else D
+        self.k = [torch.zeros(B, H, context, Dk, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.v = [torch.zeros(B, H, context, D, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.slots = torch.arange(context, device=device)
+        self.pos = torch.zeros((), dtype=torch.long, device=device)
 
-    def __init__(self, n_layer, B, H, T_max, D, device, dtype, static=False):
-        self.k = [torch.zeros(B, H, T_max, D, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.v = [torch.zeros(B, H, T_max, D, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.pos = 0
-        self.static = static
-        self.pos_t = torch.zeros((), dtype=torch.long, device=device)
-        for t in self.k + self.v + [self.pos_t]:
-            torch._dynamo.mark_static_address(t)  # CUDA graphs may update them in place
-
-    def update_static(self, layer, k, v):
-        """Write one position at pos_t; return the whole cache."""
-        self.k[layer].index_copy_(2, self.pos_t.view(1), k)
-        self.v[layer].index_copy_(2, self.pos_t.view(1), v)
-        return self.k[layer], self.v[layer]
+    def start(self, T):  # GPT.forward's: the positions of its T tokens, the slots each sees
+        self.positions = self.pos + self.slots[:T]
+        self.mask = self.slots[None, :] <= self.positions[:, None]  # (T, context)
+        self.pos += T
 
     def update(self, layer, k, v):
-        T = k.size(2)
-        self.k[layer][:, :, self.pos:self.pos + T] = k
-        self.v[layer][:, :, self.pos:self.pos + T] = v
-        return self.k[layer][:, :, :self.pos + T], self.v[layer][:, :, :self.pos + T]
+        self.k[layer].index_copy_(2, self.positions, k)
+        self.v[layer].index_copy_(2, self.positions, v)
+        return self.k[layer], self.v[layer]
 
 
 def kernel_unsupported_reason(q, k, v, delta):
@@ -276,43 +262,32 @@ class CausalSelfAttention(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.scale = mscale ** 2 / math.sqrt(self.head_dim)
 
-    def pope(self, q, k, v, q_offset, k_is_mu):
-        delta = pope_delta(self.delta, self.delta_bound)
+    def kernel(self, q, k, v, delta):
         kernel, why = use_pope_kernel(self.attn_impl, q, k, v, delta)
         if not kernel and q.is_cuda and self.attn_impl == "auto" and not self._warned:
             warnings.warn(f"PoPE Triton kernel not used ({why}); running the PyTorch path of model.py")
             self._warned = True
-        fn = pope_kernel.pope_attention if kernel else pope_attention_torch
-        return fn(q, k, v, delta, causal=True, base=self.pope_base, q_offset=q_offset, k_is_mu=k_is_mu)
+        return kernel
 
     def forward(self, x, cache=None):
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        q, k = self.q_probe(q), self.k_probe(k)
-        static = cache is not None and cache.static
-        pos0 = 0 if cache is None else cache.pos_t if static else cache.pos
-        if self.pos_emb == "rope":
-            q, k = apply_rope(q, self.inv_freq, pos0), apply_rope(k, self.inv_freq, pos0)
-        k_is_mu = False
-        if cache is not None:
-            if self.pos_emb == "pope":
-                k, k_is_mu = F.softplus(k.float()).to(k.dtype), True
-            k, v = cache.update_static(self.layer_idx, k, v) if static else cache.update(self.layer_idx, k, v)
-        if static:  # one query at pos_t against the whole cache: keys past it masked out
-            visible = (torch.arange(k.size(2), device=k.device) <= pos0)[None, :]
-            if self.pos_emb == "pope":  # the Cartesian 2D-long q and k, as pope_attention_torch builds them
-                kpos = torch.arange(k.size(2), device=k.device)
-                delta = pope_delta(self.delta, self.delta_bound)
-                q = pope_cartesian(q, pos0.view(1), None, self.pope_base).to(v.dtype)
-                k = pope_cartesian(k, kpos, delta, self.pope_base, is_mu=True).to(v.dtype)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=self.scale)
-        elif self.pos_emb == "pope":
-            y = self.pope(q, k, v, pos0, k_is_mu)
-        else:
-            y = sdpa_with_offset(q, k, v, causal=True, scale=self.scale, q_offset=pos0)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
+        q, k = self.q_probe(q), self.k_probe(k)  # identities: hook points for analysis (eval_frequencies.py)
+        delta = pope_delta(self.delta, self.delta_bound) if self.pos_emb == "pope" else None
+        if delta is not None and cache is None and self.kernel(q, k, v, delta):  # training, evaluation on CUDA
+            y = pope_kernel.pope_attention(q, k, v, delta, base=self.pope_base)
+        else:  # one SDPA call; with a cache, over all its slots, those past each query masked
+            pos = torch.arange(T, device=x.device) if cache is None else cache.positions
+            if delta is not None:  # pope_attention_torch's Cartesian q and k; the cache keeps the keys' form
+                q = pope_cartesian(q, pos, None, self.pope_base).to(v.dtype)
+                k = pope_cartesian(k, pos, delta, self.pope_base).to(v.dtype)
+            elif self.pos_emb == "rope":
+                q, k = apply_rope(q, self.inv_freq, pos), apply_rope(k, self.inv_freq, pos)
+            if cache is not None:
+                k, v = cache.update(self.layer_idx, k, v)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if cache is None else cache.mask,
+                                               is_causal=cache is None, scale=self.scale)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
 class MLP(nn.Module):
@@ -407,13 +382,13 @@ class GPT(nn.Module):
         positions without a mask). Without targets, returns the last position's
         logits only (inference)."""
         x = self.transformer.drop(self.transformer.wte(idx))
+        if cache is not None:
+            cache.start(idx.size(1))
         for block in self.transformer.h:
             x = block(x, cache)
-        if cache is not None and not cache.static:  # (a static step's position is advanced by its caller)
-            cache.pos += idx.size(1)
         x = self.transformer.ln_f(x)
         if targets is None:
-            return self.lm_head(x[:, [-1], :]), None
+            return self.lm_head(x[:, -1:, :]), None  # (a slice: no index tensor to copy in a CUDA graph)
         logits = self.lm_head(x)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), reduction="none")
         if loss_mask is None:
@@ -464,73 +439,98 @@ class GPT(nn.Module):
         return self.flops_per_token(T) * T * fwdbwd_per_iter / dt / peak_flops
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, vocab_size=None, compile=False):
-        """Sample max_new_tokens continuations of idx (B, T) with a KV cache.
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, vocab_size=None, context=None,
+                 mode="eager", times=None):
+        """Sample max_new_tokens continuations of idx (B, T) on a KVCache of
+        `context` positions (default block_size), then, once it is full, from
+        the last `context` tokens at positions 0.. (a forward per token). Ids >=
+        vocab_size are never drawn; temperature 0 or top_k=1 is greedy. mode
+        "eager" runs the one-token step from Python, "graph" (CUDA) replays it as
+        a CUDA graph, "compile" compiles it first: greedy tokens agree (bench.py
+        check). times (a dict) gets the seconds of prefill, capture, decode."""
+        device, N, (B, T0) = self.lm_head.weight.device, context or self.config.block_size, idx.shape
+        if mode not in ("eager", "graph", "compile") or mode != "eager" and device.type != "cuda":
+            raise ValueError(f"mode must be 'eager', or 'graph' or 'compile' on CUDA; got {mode!r} on {device}")
+        if T0 > N:
+            raise ValueError(f"the prompt has {T0} tokens, more than the context of {N}: crop it or raise the context")
+        clock = lambda: (device.type == "cuda" and torch.cuda.synchronize(device), time.perf_counter())[1]  # noqa: E731
+        t0, amp = clock(), torch.is_autocast_enabled(device.type)  # the cache holds what the attention computes in
+        cache = KVCache(self, B, N, torch.get_autocast_dtype(device.type) if amp else self.lm_head.weight.dtype)
+        out, tok = torch.cat([idx, idx.new_empty(B, max_new_tokens)], 1), idx.new_empty(B, 1)  # tok: the step's in/out
 
-        Only ids below vocab_size (the dataset's, default the model's) are ever
-        drawn: the padding rows of a padded vocabulary are never sampled.
-        temperature 0 or top_k=1 is greedy. Past block_size the context is
-        cropped to the last block_size tokens, exactly as recomputing from
-        scratch would see it: positions restart at 0, so the cache is rebuilt
-        from the cropped context at every such step (slower, but identical to
-        the uncached model). The cache holds the dtype the attention computes
-        in (bf16 under bf16 autocast). compile=True (CUDA) runs each one-token
-        step on a static cache, compiled and replayed as a CUDA graph (the
-        gpt-fast recipe); the prompt is still processed eagerly."""
-        cfg = self.config
-        B, D = idx.size(0), cfg.n_embd // cfg.n_head
-        device = self.lm_head.weight.device
-        if compile and device.type != "cuda":
-            raise ValueError("generate(compile=True) replays CUDA graphs and needs the model on a CUDA device")
-        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) \
-            else self.lm_head.weight.dtype
-        step = self._compiled_step() if compile else self
-        cache = None
-        with decode_sdpa_backends(device):
-            for _ in range(max_new_tokens):
-                if cache is None or cache.pos + 1 > cfg.block_size:
-                    cache = KVCache(cfg.n_layer, B, cfg.n_head, cfg.block_size, D, device, dtype)
-                    logits, _ = self(idx[:, -cfg.block_size:], cache=cache)
-                elif compile:
-                    cache.static = True
-                    cache.pos_t.fill_(cache.pos)
-                    # a fresh (B, 1) tensor: a view of idx would change its strides (and recompile) every step
-                    logits, _ = step(idx[:, -1:].clone(memory_format=torch.contiguous_format), cache=cache)
-                    cache.static, cache.pos = False, cache.pos + 1
-                else:
-                    logits, _ = self(idx[:, -1:], cache=cache)
-                idx = torch.cat((idx, sample_next(logits[:, -1, :], temperature, top_k, vocab_size)), dim=1)
-        return idx
+        def step(window=None):  # one token on the cache, or the forward over a window of tokens
+            logits, _ = self(tok if window is None else window, cache=cache)
+            tok.copy_(sample_next(logits[:, -1, :], temperature, top_k, vocab_size))
 
-    def _compiled_step(self):
-        if getattr(self, "_step", None) is None:
-            self._step = torch.compile(self, mode="reduce-overhead", fullgraph=True, dynamic=False)
-        return self._step
+        step(idx)  # the prefill
+        out[:, T0] = tok[:, 0]
+        t1 = t2 = clock()
+        run, filled = None, T0
+        for t in range(T0 + 1, T0 + max_new_tokens):
+            if filled == N:  # the context is full
+                cache.pos.zero_()
+                step(out[:, t - N:t])
+            else:
+                with decode_sdpa():
+                    if run is None:
+                        run = step if mode == "eager" else cuda_graph(step, mode == "compile", cache.pos, tok)
+                        t2 = clock()
+                    run()
+                filled += 1
+            out[:, t] = tok[:, 0]
+        if times is not None:
+            times.update(prefill=t1 - t0, capture=t2 - t1, decode=clock() - t2)
+        return out
 
 
-def decode_sdpa_backends(device):
-    """SDPA without its cuDNN backend while decoding on CUDA: cuDNN builds a plan
-    for every new key length, which made each decoding step a new shape costing
-    tens of ms (about 20 instead of 110+ tokens/s, 124M on an H200)."""
-    if device.type != "cuda":
-        return nullcontext()
+def cuda_graph(fn, compile, *state):
+    """fn() as a CUDA graph (compiled first with compile): its replay. A first
+    call on a side stream compiles, sets up cuBLAS and fills autocast's cache
+    of cast weights, read by the graph; the tensors in state are restored."""
+    if compile:  # freezing folds the weights' casts once instead of running them at every step
+        fn = torch.compile(fn, fullgraph=True, options={"freezing": True})
+    saved = [t.clone() for t in state]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    for t, s in zip(state, saved):
+        t.copy_(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+@contextmanager
+def decode_sdpa():
+    """One-token steps run SDPA's math backend, in the compute dtype: on CUDA,
+    Flash takes no mask and the memory-efficient kernel reads a row's keys
+    block after block in one thread block (bench.py sample measures both)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+    was = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)  # else it copies the cache to float32
+    try:
+        with sdpa_kernel([SDPBackend.MATH]):
+            yield
+    finally:
+        torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(was)
 
 
 def sample_next(logits, temperature=1.0, top_k=None, vocab_size=None):
-    """One token id per row of logits (B, V): ids >= vocab_size never; greedy
-    when temperature is 0 or top_k is 1."""
+    """One id per row of logits (B, V), never >= vocab_size; greedy at temperature 0 or
+    top_k 1. The draw, argmax(p / E) with E ~ Exp(1), is torch.multinomial's without
+    its checks, which wait for the GPU: a CUDA graph can hold it."""
     logits = logits.float()
     if vocab_size is not None and vocab_size < logits.size(-1):
         logits[:, vocab_size:] = -float("inf")
     if temperature == 0 or top_k == 1:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
     if top_k is not None:
-        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-        logits[logits < v[:, [-1]]] = -float("inf")
-    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+        logits = logits.masked_fill(logits < torch.topk(logits, min(top_k, logits.size(-1)))[0][:, -1:], -float("inf"))
+    probs = F.softmax(logits / temperature, dim=-1)
+    return (probs / torch.empty_like(probs).exponential_().clamp_(min=1e-30)).argmax(dim=-1, keepdim=True)
 
 
 class CheckpointError(ValueError):

@@ -4,7 +4,8 @@ Sample from a trained checkpoint.
 Usage:
     python sample.py --out_dir=out [--start="Once upon a time"] [--start=FILE:prompt.txt]
                      [--num_samples=3] [--max_new_tokens=200] [--temperature=0.8]
-                     [--top_k=200] [--seed=1337] [--device=auto] [--compile] [--save=samples/x]
+                     [--top_k=200] [--seed=1337] [--device=auto] [--context=N]
+                     [--decode=auto|eager|graph|compile] [--compile] [--save=samples/x]
 
 The prompt is written in the dataset's own format: GPT-2 text for
 openwebtext-style data; for the prepare/ formats their token names (see
@@ -12,20 +13,31 @@ python prepare/NAME.py --help), e.g. "NZTUIGWkXFrhCJDzscat, N, +4, " for indirec
 indexing. The samples of one prompt are generated as one batch. Only ids of
 the dataset's real vocabulary are ever sampled. --temperature=0 is greedy.
 --save=PREFIX writes each sample to PREFIX_<i> in the dataset's format (MIDI
-for music, .txt otherwise). Samples go to stdout; the attention path and
-tokens/s go to stderr. --compile decodes with a static-shape KV cache under
-torch.compile + CUDA graphs (CUDA only).
+for music, .txt otherwise).
+
+Decoding runs on a static KV cache of --context positions (default the model's
+block_size). A larger context lets positions count on past block_size (PoPE
+extrapolates; RoPE shows why it needs YaRN); a prompt longer than the context
+keeps its last tokens (with a warning), and once a sample fills the context each
+further token is computed from the last --context tokens from scratch (slow).
+--decode: "graph" (the default on CUDA) captures the one-token step once as a
+CUDA graph and replays it; "compile" (or --compile) runs torch.compile on it
+first (tens of seconds); "eager" (the default on the CPU) calls it from Python.
+Samples go to stdout; on stderr: the decoding setup, prefill time, time to the
+first token, capture time and the decode rate without them.
 """
 
-import argparse
-import importlib
-import math
-import os
-import sys
-import time
-from contextlib import nullcontext
+import time  # first: the time to the first token counts from here
+T_START = time.perf_counter()
 
-import torch
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
+
+import torch  # noqa: E402
 
 from model import load_checkpoint
 from prepare.common import PrepareError, check_writable, checkpoint_error, codec, prepare_scripts
@@ -42,7 +54,12 @@ def main(argv=None):
     p.add_argument("--top_k", type=int, default=200, help="sample among the k most likely ids (>= 1)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="auto", help="auto (cuda if available) | cpu | cuda | cuda:N")
-    p.add_argument("--compile", action="store_true", help="static KV cache + torch.compile with CUDA graphs")
+    p.add_argument("--context", type=int, default=None,
+                   help="positions the KV cache holds (default: block_size); past block_size, positions count on")
+    p.add_argument("--decode", default="auto", choices=["auto", "eager", "graph", "compile"],
+                   help="auto: graph on CUDA, eager on the CPU; graph: replay the one-token step as a CUDA graph; "
+                        "compile: torch.compile it first")
+    p.add_argument("--compile", action="store_true", help="the same as --decode=compile")
     p.add_argument("--save", default=None, help="path prefix: also write each sample to PREFIX_<i> in its format")
     args = p.parse_args(argv)
     for ok, msg in ((args.num_samples >= 1, "--num_samples must be >= 1"),
@@ -76,8 +93,14 @@ def main(argv=None):
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("error: --device=cuda but CUDA is not available here; pass --device=cpu")
-    if args.compile and not device.startswith("cuda"):
-        sys.exit("error: --compile decodes with CUDA graphs and needs a CUDA device")
+    if args.compile and args.decode not in ("auto", "compile"):
+        sys.exit(f"error: --compile asks for --decode=compile, but --decode={args.decode} was given; pass one of them")
+    mode = "compile" if args.compile else args.decode
+    mode = ("graph" if device.startswith("cuda") else "eager") if mode == "auto" else mode
+    if mode != "eager" and not device.startswith("cuda"):
+        sys.exit(f"error: --decode={mode} replays a CUDA graph and needs a CUDA device; use --decode=eager on {device}")
+    if args.context is not None and args.context < 1:
+        p.error(f"--context must be >= 1, got {args.context}")
     torch.manual_seed(args.seed)
     ckpt_path = args.ckpt or os.path.join(args.out_dir, "ckpt.pt")
     if not os.path.isfile(ckpt_path):
@@ -113,18 +136,28 @@ def main(argv=None):
         sys.exit(f"error: cannot encode --start={start[:40]!r}: {e}")
     if not ids:
         sys.exit("error: the prompt encodes to no tokens; give a non-empty --start")
+    context = args.context or model.config.block_size
+    if len(ids) > context:
+        print(f"warning: the prompt has {len(ids)} tokens, more than the context of {context}: keeping its last "
+              f"{context} (--context=N holds more)", file=sys.stderr)
+        ids = ids[-context:]
+    if len(ids) + args.max_new_tokens > context:
+        print(f"note: prompt + max_new_tokens = {len(ids) + args.max_new_tokens} > context {context}: past it, each "
+              f"token is computed from the last {context} tokens from scratch (slow); --context=N holds more",
+              file=sys.stderr)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :].repeat(args.num_samples, 1)
-    print(f"attention: {model.attention_path()}", file=sys.stderr)
+    keys = "PoPE keys in Cartesian form" if model.config.pos_emb == "pope" else f"{model.config.pos_emb} keys"
+    print(f"decoding: {mode}, static KV cache of {context} positions (block_size {model.config.block_size}), "
+          f"{keys}; prefill attention: SDPA", file=sys.stderr)
+    if device.startswith("cuda:"):
+        torch.cuda.set_device(device)  # the CUDA graph is captured on the current device's streams
     ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
+    times = {}
     with ctx:
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        t0 = time.time()
+        t0 = time.perf_counter()
         y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                           vocab_size=meta.get("vocab_size"), compile=args.compile)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        dt = time.time() - t0
+                           vocab_size=meta.get("vocab_size"), context=context, mode=mode, times=times)
+        dt = time.perf_counter() - t0
     for i, row in enumerate(y.tolist()):
         print(decode(row))
         print("---------------")
@@ -137,9 +170,17 @@ def main(argv=None):
                 with open(path, "w", encoding="utf-8") as f:
                     f.write(decode(row))
             print(f"wrote {path}", file=sys.stderr)
-    n_new = args.num_samples * args.max_new_tokens
-    print(f"{n_new:,} new tokens in {dt:.2f} s: {n_new / dt:,.1f} tokens/s "
-          f"({args.num_samples} x {args.max_new_tokens}, batch {args.num_samples})", file=sys.stderr)
+    B, n = args.num_samples, args.max_new_tokens - 1  # the first new token comes from the prefill
+    print(f"prefill: {B} x {len(ids)} tokens in {times['prefill'] * 1e3:,.1f} ms; time to first token "
+          f"{t0 - T_START + times['prefill']:.2f} s since start", file=sys.stderr)
+    if mode != "eager" and n > 0:
+        print(f"{'torch.compile + ' if mode == 'compile' else ''}CUDA graph capture: {times['capture']:.2f} s",
+              file=sys.stderr)
+    if n > 0:
+        print(f"decode: {B} x {n} tokens in {times['decode']:.2f} s: {B * n / times['decode']:,.1f} tokens/s "
+              f"(batch {B}; prefill and capture excluded)", file=sys.stderr)
+    print(f"total: {B * (n + 1):,} new tokens in {dt:.2f} s, {time.perf_counter() - T_START:.1f} s since start",
+          file=sys.stderr)
 
 
 if __name__ == "__main__":

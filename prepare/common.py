@@ -115,6 +115,8 @@ def checkpoint_error(path, e):
     pickle spans lines and offers to load it with weights_only=False; here such a
     file is refused, and the line says why: loading it would run code."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    if type(e).__name__ == "CheckpointError":  # model.check_checkpoint_file's own line names the file
+        return text
     if type(e).__name__ == "UnpicklingError":  # pickle's, re-raised by torch.load's weights-only unpickler
         glob = re.search(r"Unsupported global: GLOBAL (\S+)", text)
         if glob:

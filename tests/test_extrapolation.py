@@ -471,7 +471,7 @@ def test_clear_errors(env, tmp_path, monkeypatch):
     assert "no meta.json beside it" in err(["--ckpt", ck, "--data", str(tmp_path / "lone" / "x.bin")])
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     assert err(["--ckpt", str(tmp_path / "junk.pt"), "--data", val]).startswith(
-        f"error: cannot load {tmp_path / 'junk.pt'}: not a torch checkpoint, or a damaged one (")
+        f"error: {tmp_path / 'junk.pt'} is not a checkpoint torch.save wrote, or it is cut short (")
     (ddir / "meta.json").write_text(json.dumps({"vocab_size": 50304, "dtype": "uint16", "tokenizer": "gpt2"}))
     env.val_ids.tofile(ddir / "val.bin")
     assert "different vocabulary" in err(["--ckpt", ck, "--data", str(ddir / "val.bin")])

@@ -1,0 +1,271 @@
+"""Decoding (model.generate, KVCache, sample_next, sample.py) against the uncached
+model: every cached logit is compared with a fresh forward over the whole
+sequence at the same absolute positions, in float64. The CUDA graph itself is
+captured only on a GPU: `python bench.py check` compares it with these eager
+steps token for token."""
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import model as model_lib
+from model import GPT, GPTConfig, KVCache, pope_cartesian, pope_delta, sample_next
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny(pos_emb, block_size=16, **kw):
+    cfg = dict(n_layer=2, n_head=2, n_embd=32, block_size=block_size, vocab_size=37, pos_emb=pos_emb,
+               pope_delta_init="uniform", attn_impl="torch")  # uniform: delta far from 0
+    cfg.update(kw)
+    model = GPT(GPTConfig(**cfg)).double().eval()
+    with torch.no_grad():  # weights larger than GPT-2's init: greedy tokens then depend on the whole context
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and not name.endswith("delta"):
+                p.normal_(0.0, 0.3)
+    return model
+
+
+def rel_err(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+@torch.no_grad()
+def cached_vs_uncached(model, idx, steps, context, cache=None):
+    """Prefill idx, then feed random tokens one at a time through the cache: the
+    largest relative error of each forward's last logits against the uncached
+    forward over the whole sequence (positions 0..len-1)."""
+    B = idx.size(0)
+    cache = cache or KVCache(model, B, context, torch.float64)
+    seq, worst = idx, 0.0
+    logits, _ = model(idx, cache=cache)
+    for i in range(steps + 1):
+        ref, _ = model(seq)
+        worst = max(worst, rel_err(logits[:, -1], ref[:, -1]))
+        if i < steps:
+            tok = torch.randint(0, 37, (B, 1))
+            seq = torch.cat([seq, tok], 1)
+            logits, _ = model(tok, cache=cache)
+    return worst, cache
+
+
+def greedy_recompute(model, idx, n, window):
+    out = idx
+    with torch.no_grad():
+        for _ in range(n):
+            logits, _ = model(out[:, -window:])
+            out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], 1)
+    return out
+
+
+@pytest.mark.parametrize("pos_emb", ["pope", "rope", "none"])
+def test_cached_decoding_equals_the_uncached_forward(pos_emb):
+    """Prefill and one-token steps on the static cache give the uncached model's
+    logits; generate()'s greedy tokens are those of recomputing from scratch. For
+    PoPE the cache holds each key's Cartesian form, [mu cos(s theta + delta),
+    mu sin(s theta + delta)], written once at its position."""
+    seed = torch.seed() % 2**31
+    torch.manual_seed(seed)
+    model = tiny(pos_emb)
+    idx = torch.randint(0, 37, (2, 5))
+    worst, cache = cached_vs_uncached(model, idx, 9, 16)
+    assert worst < 1e-10, f"seed {seed}: {worst}"
+    assert int(cache.pos) == 14
+    assert torch.equal(model.generate(idx, 11, temperature=0.0), greedy_recompute(model, idx, 11, 16)), f"seed {seed}"
+    if pos_emb == "pope":  # layer 0's keys as written, against pope_cartesian of its raw keys
+        attn = model.transformer.h[0].attn
+        with torch.no_grad():
+            k = attn.c_attn(model.transformer.h[0].ln_1(model.transformer.wte(idx))).split(32, dim=2)[1]
+            k = k.view(2, 5, 2, 16).transpose(1, 2)
+            want = pope_cartesian(k, torch.arange(5), pope_delta(attn.delta, attn.delta_bound))
+        assert cache.k[0].shape == (2, 2, 16, 32) and rel_err(cache.k[0][:, :, :5], want) < 1e-14, f"seed {seed}"
+
+
+@pytest.mark.parametrize("pos_emb", ["pope", "rope"])
+def test_decoding_past_block_size_equals_the_uncached_forward(pos_emb):
+    """--context larger than block_size: positions count on (up to 44 here, block
+    size 16) and every cached logit equals the uncached forward over the same
+    absolute positions; greedy generate() equals recomputing without any crop."""
+    seed = torch.seed() % 2**31
+    torch.manual_seed(seed)
+    model = tiny(pos_emb)
+    idx = torch.randint(0, 37, (2, 10))
+    worst, cache = cached_vs_uncached(model, idx, 34, 48)
+    assert worst < 1e-10 and int(cache.pos) == 44, f"seed {seed}: {worst}"
+    out = model.generate(idx, 38, temperature=0.0, context=48)
+    assert torch.equal(out, greedy_recompute(model, idx, 38, 48)), f"seed {seed}"
+
+
+def test_pope_magnitudes_have_one_definition(monkeypatch):
+    """A forker changes the magnitude in the PoPE section (softplus -> softplus^2):
+    the cached prefill and steps follow it, and still equal the uncached forward."""
+    seed = torch.seed() % 2**31
+    torch.manual_seed(seed)
+    model = tiny("pope")
+    idx = torch.randint(0, 37, (2, 6))
+    with torch.no_grad():
+        before = model(idx)[0]
+    monkeypatch.setattr(model_lib, "pope_magnitude", lambda x: F.softplus(x) ** 2)
+    with torch.no_grad():
+        assert rel_err(model(idx)[0], before) > 1e-3, f"seed {seed}: the patch changed nothing"
+    worst, _ = cached_vs_uncached(model, idx, 6, 16)
+    assert worst < 1e-10, f"seed {seed}: cached decoding ignores pope_magnitude ({worst})"
+
+
+@pytest.mark.parametrize("pos_emb", ["pope", "rope"])
+def test_static_cache_steps_equal_dynamic_forward(pos_emb):
+    """The static cache attends over all its slots with a mask: slots past the
+    position, filled here with large junk, change nothing. A cache of 64 slots
+    gives the logits of one sized to the sequence and of the uncached forward,
+    whose shapes grow at every step."""
+    seed = torch.seed() % 2**31
+    torch.manual_seed(seed)
+    model = tiny(pos_emb)
+    idx = torch.randint(0, 37, (2, 4))
+    big = KVCache(model, 2, 64, torch.float64)
+    for t in big.k + big.v:
+        t.normal_(0, 100.0)
+    worst, _ = cached_vs_uncached(model, idx, 12, 64, cache=big)
+    assert worst < 1e-10, f"seed {seed}: {worst}"
+    torch.manual_seed(seed + 1)
+    a = model.generate(idx, 12, temperature=0.0, context=64)
+    b = model.generate(idx, 12, temperature=0.0, context=16)
+    assert torch.equal(a, b), f"seed {seed}"
+
+
+@pytest.mark.parametrize("pos_emb", ["pope", "rope", "none"])
+def test_past_the_context_each_token_sees_the_last_context_tokens(pos_emb):
+    """prompt + new tokens > context: the tokens past it are those of recomputing
+    from the last `context` tokens at positions 0.. (the crop of the uncached model)."""
+    seed = torch.seed() % 2**31
+    torch.manual_seed(seed)
+    model = tiny(pos_emb)
+    idx = torch.randint(0, 37, (3, 5))
+    assert torch.equal(model.generate(idx, 20, top_k=1, context=12), greedy_recompute(model, idx, 20, 12)), \
+        f"seed {seed}"
+
+
+@pytest.mark.parametrize("pos_emb", ["pope", "rope"])
+def test_greedy_batched_samples_equal_single_ones(pos_emb):
+    """Three different prompts in one batch decode as each does alone, past block_size."""
+    seed = torch.seed() % 2**31
+    torch.manual_seed(seed)
+    model = tiny(pos_emb)
+    prompts = torch.randint(0, 37, (3, 4))
+    batch = model.generate(prompts, 20, temperature=0.0, context=24)
+    for row, prompt in zip(batch, prompts):
+        assert torch.equal(row, model.generate(prompt[None], 20, temperature=0.0, context=24)[0]), f"seed {seed}"
+
+
+def test_prompt_longer_than_the_context_and_graphs_on_the_cpu_are_errors():
+    model = tiny("pope")
+    with pytest.raises(ValueError, match="more than the context of 8"):
+        model.generate(torch.zeros(1, 9, dtype=torch.long), 2, context=8)
+    for mode in ("graph", "compile", "fast"):
+        with pytest.raises(ValueError, match="mode must be"):
+            model.generate(torch.zeros(1, 3, dtype=torch.long), 2, mode=mode)
+
+
+def test_cache_dtype_follows_autocast(monkeypatch):
+    seen = []
+    real = KVCache.__init__
+
+    def spy(self, *a, **kw):
+        real(self, *a, **kw)
+        seen.append((self.k[0].dtype, self.v[0].dtype))
+    monkeypatch.setattr(KVCache, "__init__", spy)
+    model = tiny("pope").float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model.generate(torch.zeros(1, 3, dtype=torch.long), 3, top_k=1)
+    model.generate(torch.zeros(1, 3, dtype=torch.long), 3, top_k=1)
+    assert seen == [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)]
+
+
+def test_sampling_never_draws_padding_ids():
+    """A padded vocabulary (64 rows, 37 real ids), random weights, temperature 2:
+    no id >= the real vocabulary in 4 x 300 draws."""
+    seed = torch.seed() % 2**31
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64, attn_impl="torch")).eval()
+    with torch.no_grad():
+        model.lm_head.weight[37:] += 5.0  # make the padding rows the likeliest
+    out = model.generate(torch.zeros(4, 1, dtype=torch.long), 300, temperature=2.0, top_k=64, vocab_size=37,
+                         context=301)
+    assert out.max().item() < 37, f"seed {seed}"
+    out = model.generate(torch.zeros(4, 1, dtype=torch.long), 20, temperature=0.0, vocab_size=37)
+    assert out.max().item() < 37, f"seed {seed}"
+
+
+def test_sample_next_draws_from_the_tempered_top_k_softmax():
+    """40,000 draws from 6 logits at temperature 0.7, top_k 4, vocab_size 5:
+    each id's frequency within 5 standard errors of softmax(logits / 0.7) over
+    the 4 largest real ids; the others are never drawn. (Seeded: deterministic.)"""
+    torch.manual_seed(0)
+    logits = torch.tensor([[1.0, 0.2, -0.5, 2.0, 0.9, 9.0]])
+    n = 40000
+    ids = sample_next(logits.repeat(n, 1), temperature=0.7, top_k=4, vocab_size=5)[:, 0]
+    counts = torch.bincount(ids, minlength=6).double() / n
+    p = torch.zeros(6, dtype=torch.float64)
+    keep = [0, 1, 3, 4]  # the 4 largest among ids < 5
+    p[keep] = torch.softmax(logits[0, keep].double() / 0.7, 0)
+    sd = (p * (1 - p) / n).sqrt()
+    assert counts[[2, 5]].sum() == 0, counts
+    assert ((counts - p).abs() <= 5 * sd + 1e-12).all(), (counts, p)
+    assert torch.equal(sample_next(logits, temperature=0.0, vocab_size=5), torch.tensor([[3]]))
+
+
+def test_sample_py_crops_a_long_prompt_and_prints_its_timings(tmp_path):
+    """sample.py on the CPU: a prompt longer than --context keeps its last tokens
+    with a warning; stderr names the decoding setup, prefill, time to first token
+    and the decode rate; --decode=graph on the CPU is a one-line error."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=20))
+    args = {k: getattr(m.config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "pos_emb")}
+    torch.save({"model": m.state_dict(), "model_args": args, "config": {},
+                "meta": {"vocab_size": 20, "itos": [chr(97 + i) for i in range(20)]}}, tmp_path / "ckpt.pt")
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, os.path.join(ROOT, "sample.py"), "--ckpt=ckpt.pt", "--num_samples=2", "--temperature=0"]
+    p = subprocess.run(cmd + ["--start=abcdefghijklmnopqrst", "--context=12", "--max_new_tokens=3"], cwd=tmp_path,
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "warning: the prompt has 20 tokens, more than the context of 12: keeping its last 12" in p.stderr
+    assert "note: prompt + max_new_tokens = 15 > context 12" in p.stderr
+    samples = [s.strip() for s in p.stdout.split("---------------") if s.strip()]
+    assert len(samples) == 2 and all(s.startswith("ijklmnopqrst") and len(s) == 15 for s in samples), samples
+    for what in ("decoding: eager, static KV cache of 12 positions (block_size 16), PoPE keys in Cartesian form",
+                 "prefill: 2 x 12 tokens in", "time to first token", "decode: 2 x 2 tokens in", "tokens/s"):
+        assert what in p.stderr, (what, p.stderr[-2000:])
+    p = subprocess.run(cmd + ["--decode=graph"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+        "error: --decode=graph replays a CUDA graph and needs a CUDA device; use --decode=eager on cpu"], p.stderr
+
+
+def test_the_model_attention_equals_the_loop_reference():
+    """The PyTorch path the model runs for PoPE (pope_cartesian + one SDPA call,
+    uncached and on the cache) equals a_ts = sum_c mu_q mu_k cos((s-t) theta_c +
+    delta_c) / sqrt(D) computed one (t, s) at a time."""
+    seed = torch.seed() % 2**31
+    torch.manual_seed(seed)
+    attn = tiny("pope", n_layer=1).transformer.h[0].attn
+    B, T, H, D = 2, 7, 2, 16
+    x = torch.randn(B, T, 32, dtype=torch.float64)
+    q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in attn.c_attn(x).split(32, dim=2))
+    theta = torch.tensor([10000.0 ** (-c / D) for c in range(D)], dtype=torch.float64)
+    mq, mk, delta = F.softplus(q), F.softplus(k), attn.delta.detach()
+    ref = torch.zeros(B, H, T, D, dtype=torch.float64)
+    for t in range(T):
+        for s in range(t + 1):
+            a = (mq[:, :, t] * mk[:, :, s] * torch.cos((s - t) * theta + delta)).sum(-1) / math.sqrt(D)  # (B, H)
+            ref[:, :, t] += torch.exp(a)[..., None] * v[:, :, s]
+        ref[:, :, t] /= sum(torch.exp((mq[:, :, t] * mk[:, :, s] * torch.cos((s - t) * theta + delta)).sum(-1)
+                                      / math.sqrt(D)) for s in range(t + 1))[..., None]
+    want = attn.c_proj(ref.transpose(1, 2).reshape(B, T, 32))
+    with torch.no_grad():
+        assert rel_err(attn(x), want) < 1e-12, f"seed {seed}"
+        cache = KVCache(tiny("pope", n_layer=1), B, 10, torch.float64)
+        cache.start(T)
+        assert rel_err(attn(x, cache), want) < 1e-12, f"seed {seed}"
