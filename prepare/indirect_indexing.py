@@ -38,10 +38,17 @@ k = 0, 1, 2 for train, val, test and --seed 1234 by default.
 strings of 8-12 letters, shifts in [-3, +3], rows of 23 tokens, 100k / 10k /
 10k examples (config/indirect_indexing_quick.py trains on it). --min_len,
 --max_len and --max_shift set any other variant (max_shift < min_len).
+
+Two format variants, for testing what the paper's text leaves open (both keep
+the rows, masks, seeds and draws of the default; RESULTS.md, section 1):
+--shift_format token writes the shift as one of 31 extra tokens "<-15>" ..
+"<+15>" (vocabulary 98, rows of 50), and --order question_first puts the
+letter and shift before the string: `N, +4, NZTUIGWkXFrhCJDzscat, I`.
 """
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -66,8 +73,9 @@ _DIGIT_IDS = np.array([STOI[c] for c in "0123456789"], dtype=np.uint8)
 
 
 def encode(text, meta=None):
-    """Example text -> token ids (one per character)."""
-    return [STOI[c] for c in text]
+    """Example text -> token ids: one per character, a "<+4>" shift token as one."""
+    stoi = {c: i for i, c in enumerate(meta["itos"])} if meta and "itos" in meta else STOI
+    return [stoi[c] for c in re.findall(r"<[+-]\d+>|.", text, flags=re.S)]
 
 
 def decode(ids, meta=None):
@@ -76,68 +84,86 @@ def decode(ids, meta=None):
     return "".join(itos[int(i)] for i in ids)
 
 
-def format_example(string, char, shift, target):
-    return f"{string}, {char}, {shift:+d}, {target}"
+def shift_tokens(max_shift):
+    """--shift_format token: one vocabulary entry per shift, "<-15>" .. "<+15>"."""
+    return [f"<{k:+d}>" for k in range(-max_shift, max_shift + 1)]
 
 
-def parse_example(line):
-    """'ABC..., C, +4, T' -> (string, char, shift, target)."""
-    string, char, shift, target = line.split(", ")
-    return string, char, int(shift), target
+def vocabulary(shift_format="chars", max_shift=MAX_SHIFT):
+    return ITOS + (shift_tokens(max_shift) if shift_format == "token" else [])
 
 
-def row_len_for(max_len, max_shift):
-    """Longest example (string, ", C, +S, T") plus one "\\n"."""
-    return max_len + len(", C, +") + len(str(max_shift)) + len(", T") + 1
+def format_example(string, char, shift, target, shift_format="chars", order="string_first"):
+    s = f"{shift:+d}" if shift_format == "chars" else f"<{shift:+d}>"
+    return f"{string}, {char}, {s}, {target}" if order == "string_first" else f"{char}, {s}, {string}, {target}"
 
 
-def generate_rows(n, rng, min_len=MIN_LEN, max_len=MAX_LEN, max_shift=MAX_SHIFT):
+def parse_example(line, order="string_first"):
+    """'ABC..., C, +4, T' (or 'C, <+4>, ABC..., T') -> (string, char, shift, target)."""
+    a, b, c, target = line.split(", ")
+    string, char, shift = (a, b, c) if order == "string_first" else (c, a, b)
+    return string, char, int(shift.strip("<>")), target
+
+
+def row_len_for(max_len, max_shift, shift_format="chars"):
+    """Longest example (string, ", C, ", the shift, ", T") plus one "\n"."""
+    shift_len = 1 + len(str(max_shift)) if shift_format == "chars" else 1
+    return max_len + len(", C, ") + shift_len + len(", T") + 1
+
+
+def _concat(segments, row_len):
+    """Each example's segments one after another, "\n"-padded to row_len: segments
+    are (tokens (n, w), lengths (n,)); returns rows (n, row_len) and each
+    segment's start column (n,)."""
+    n = len(segments[0][1])
+    rows, start, starts = np.full((n, row_len), PAD, dtype=np.uint8), np.zeros(n, dtype=np.int64), []
+    for toks, lens in segments:
+        cols = start[:, None] + np.arange(toks.shape[1])[None, :]
+        keep = np.arange(toks.shape[1])[None, :] < lens[:, None]
+        rows[np.nonzero(keep)[0], cols[keep]] = toks[keep]
+        starts.append(start)
+        start = start + lens
+    return rows, starts
+
+
+def generate_rows(n, rng, min_len=MIN_LEN, max_len=MAX_LEN, max_shift=MAX_SHIFT, shift_format="chars",
+                  order="string_first"):
     """n examples as (rows (n, row_len) uint8 token ids, target positions (n,))."""
-    row_len = row_len_for(max_len, max_shift)
     length = rng.integers(min_len, max_len + 1, size=n)
     letters = rng.permuted(np.tile(np.arange(52, dtype=np.uint8), (n, 1)), axis=1)[:, :max_len]
     shift = rng.integers(-max_shift, max_shift + 1, size=n)
     lo = np.maximum(0, -shift)
     hi = length - np.maximum(0, shift)  # exclusive; > lo since length > max_shift
     src = rng.integers(lo, hi)
-    tgt = src + shift
     ar = np.arange(n)
-
-    rows = np.full((n, row_len), PAD, dtype=np.uint8)
     ids = _LETTER_IDS[letters]
-    in_string = np.arange(max_len)[None, :] < length[:, None]
-    rows[:, :max_len][in_string] = ids[in_string]
-
-    comma, space = STOI[","], STOI[" "]
-    a = np.abs(shift)
-    two = a >= 10
-    ones, tens = _DIGIT_IDS[a % 10], _DIGIT_IDS[a // 10]
-    char, target = ids[ar, src], ids[ar, tgt]
-    sign = np.where(shift >= 0, STOI["+"], STOI["-"])
-    suffix = np.stack([
-        np.full(n, comma), np.full(n, space), char, np.full(n, comma), np.full(n, space), sign,
-        np.where(two, tens, ones),
-        np.where(two, ones, comma),
-        np.where(two, comma, space),
-        np.where(two, space, target),
-        np.where(two, target, PAD),
-    ], axis=1).astype(np.uint8)
-    width = min(suffix.shape[1], row_len - max_len)  # the last column is padding when no shift has 2 digits
-    rows[ar[:, None], length[:, None] + np.arange(width)[None, :]] = suffix[:, :width]
-    target_pos = length + 9 + two
-    return rows, target_pos
+    char, target = ids[ar, src, None], ids[ar, src + shift, None]
+    if shift_format == "chars":  # sign, then one or two digits
+        a, two = np.abs(shift), np.abs(shift) >= 10
+        digits = np.stack([np.where(two, _DIGIT_IDS[a // 10], _DIGIT_IDS[a % 10]), _DIGIT_IDS[a % 10]], axis=1)
+        shift_seg = (np.concatenate([np.where(shift >= 0, STOI["+"], STOI["-"])[:, None], digits], axis=1), 2 + two)
+    else:  # one token: "<-max_shift>" is id len(ITOS)
+        shift_seg = ((len(ITOS) + max_shift + shift)[:, None], np.ones(n, dtype=np.int64))
+    one = np.ones(n, dtype=np.int64)
+    sep = (np.tile(np.array([STOI[","], STOI[" "]], dtype=np.int64), (n, 1)), 2 * one)
+    string, char, target = (ids, length), (char, one), (target, one)
+    segments = [string, sep, char, sep, shift_seg, sep, target] if order == "string_first" else \
+        [char, sep, shift_seg, sep, string, sep, target]
+    rows, starts = _concat(segments, row_len_for(max_len, max_shift, shift_format))
+    return rows, starts[-1]
 
 
-def generate_split(n, seed, split, min_len=MIN_LEN, max_len=MAX_LEN, max_shift=MAX_SHIFT):
+def generate_split(n, seed, split, min_len=MIN_LEN, max_len=MAX_LEN, max_shift=MAX_SHIFT, shift_format="chars",
+                   order="string_first"):
     """All rows of one split: (tokens (n*row_len,), mask (n*row_len,))."""
-    row_len = row_len_for(max_len, max_shift)
+    row_len = row_len_for(max_len, max_shift, shift_format)
     rng = np.random.default_rng([seed, SPLIT_SEED_INDEX[split]])
     toks = np.empty((n, row_len), dtype=np.uint8)
     mask = np.zeros((n, row_len), dtype=np.uint8)
     with common.progress(total=n, desc=split, unit="ex") as bar:
         for start in range(0, n, CHUNK):
             m = min(CHUNK, n - start)
-            rows, tpos = generate_rows(m, rng, min_len, max_len, max_shift)
+            rows, tpos = generate_rows(m, rng, min_len, max_len, max_shift, shift_format, order)
             toks[start:start + m] = rows
             mask[start + np.arange(m), tpos] = 1
             bar.update(m)
@@ -187,6 +213,12 @@ def build_parser():
     p.add_argument("--min_len", type=int, default=None, help=f"shortest string (paper: {MIN_LEN})")
     p.add_argument("--max_len", type=int, default=None, help=f"longest string (paper: {MAX_LEN}, at most 52)")
     p.add_argument("--max_shift", type=int, default=None, help=f"shifts are in [-max_shift, +max_shift] (paper: {MAX_SHIFT})")
+    p.add_argument("--shift_format", default="chars", choices=["chars", "token"],
+                   help="chars (the paper's text): sign and digits, one token each; token: the shift as one "
+                        "of 2*max_shift+1 extra tokens <-15> .. <+15>")
+    p.add_argument("--order", default="string_first", choices=["string_first", "question_first"],
+                   help="string_first (the paper's): string, letter, shift, target; question_first: letter, "
+                        "shift, string, target, so the model knows what to look for while it reads the string")
     return p
 
 
@@ -222,7 +254,8 @@ def main(argv=None):
                                   f"(got max_shift {args.max_shift}, min_len {args.min_len}, max_len {args.max_len})")
     if args.seed < 0:  # numpy's SeedSequence takes non-negative integers only
         raise common.PrepareError(f"--seed must be >= 0, got {args.seed}")
-    row_len = row_len_for(args.max_len, args.max_shift)
+    row_len = row_len_for(args.max_len, args.max_shift, args.shift_format)
+    itos = vocabulary(args.shift_format, args.max_shift)
     # a split is built in memory: its uint8 rows and mask, then the uint16 copy written (~4 bytes a token)
     split, n = max(sizes.items(), key=lambda kv: kv[1])
     need, have = 4 * n * row_len, _physical_memory()
@@ -234,15 +267,16 @@ def main(argv=None):
     counts = {}
     with common.staged_dataset(out_dir) as stage:
         for split, n in sizes.items():
-            toks, mask = generate_split(n, args.seed, split, args.min_len, args.max_len, args.max_shift)
+            toks, mask = generate_split(n, args.seed, split, args.min_len, args.max_len, args.max_shift,
+                                        args.shift_format, args.order)
             counts[split] = common.write_bin(stage / f"{split}.bin", toks, np.uint16)
             common.write_bin(stage / f"{split}_mask.bin", mask, np.uint8)
         meta = {
             "format": NAME,
             "prepare": command,
-            "vocab_size": len(ITOS),
+            "vocab_size": len(itos),
             "dtype": "uint16",
-            "itos": ITOS,
+            "itos": itos,
             "row_len": row_len,
             "pad_id": PAD,
             "n_examples": sizes,
@@ -250,6 +284,8 @@ def main(argv=None):
             "seed": args.seed,
             "string_len": [args.min_len, args.max_len],
             "max_shift": args.max_shift,
+            "shift_format": args.shift_format,
+            "order": args.order,
             "mask": "1 at the target letter only (one scored token per row)",
             "source": "generated (PoPE paper, arXiv 2509.10534, indirect indexing)",
         }

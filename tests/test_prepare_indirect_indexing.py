@@ -167,3 +167,41 @@ def test_content_floor_matches_the_generator(setting):
     assert abs(np.mean(valid) - want["valid"]) < 0.003, (seed, np.mean(valid), want)
     if not setting:  # the paper's setting: ~6.7% and ~8.5%, not E[1/L] ~ 3.5%
         assert 0.066 < want["copy"] < 0.068 and 0.084 < want["valid"] < 0.086
+
+
+VARIANT_LINE = {  # (shift_format, order) -> the line's pattern, groups (string, char, shift, target)
+    ("token", "string_first"): (r"^([A-Za-z]+), ([A-Za-z]), <([+-]\d{1,2})>, ([A-Za-z])$", (1, 2, 3, 4)),
+    ("chars", "question_first"): (r"^([A-Za-z]), ([+-]\d{1,2}), ([A-Za-z]+), ([A-Za-z])$", (3, 1, 2, 4)),
+    ("token", "question_first"): (r"^([A-Za-z]), <([+-]\d{1,2})>, ([A-Za-z]+), ([A-Za-z])$", (3, 1, 2, 4)),
+}
+
+
+@pytest.mark.parametrize("shift_format,order", list(VARIANT_LINE))
+def test_format_variants(tmp_path, shift_format, order):
+    """--shift_format token / --order question_first: every row parses in its
+    format, the target is right and alone in the mask, a shift token is one
+    token, and the examples are the default's draws (same seed), only written
+    differently."""
+    args = ["--n_train", "2000", "--n_val", "300", "--n_test", "300"]
+    ii.main(args + ["--out_dir", str(tmp_path / "paper")])
+    ii.main(args + ["--shift_format", shift_format, "--order", order, "--out_dir", str(tmp_path / "v")])
+    pattern, groups = VARIANT_LINE[shift_format, order]
+    for split in ("train", "val", "test"):
+        _, ptoks, _ = rows_of(tmp_path / "paper", split)
+        meta, toks, mask = rows_of(tmp_path / "v", split)
+        assert meta["vocab_size"] == len(meta["itos"]) == (98 if shift_format == "token" else 67)
+        assert meta["row_len"] == (50 if shift_format == "token" else 52)
+        assert (meta["shift_format"], meta["order"]) == (shift_format, order)
+        for prow, row, m in zip(ptoks, toks, mask):
+            line = ii.decode(row, meta).rstrip("\n")
+            mt = re.match(pattern, line)
+            assert mt, line
+            string, char, shift, target = (mt.group(g) for g in groups)
+            shift = int(shift)
+            assert string[string.index(char) + shift] == target
+            assert ii.parse_example(ii.decode(prow).rstrip("\n")) == (string, char, shift, target)
+            assert ii.parse_example(line, order) == (string, char, shift, target)
+            n_tokens = len(line) - (len(f"<{shift:+d}>") - 1 if shift_format == "token" else 0)
+            assert m.sum() == 1 and np.flatnonzero(m)[0] == n_tokens - 1  # the last token, the target
+            assert meta["itos"][row[n_tokens - 1]] == target
+            assert ii.encode(ii.decode(row, meta), meta) == list(row)
