@@ -5,6 +5,8 @@ Usage:
     python results/summarize.py RUN/eval.json ...                 # final loss/accuracy per run, mean ± std over seeds
     python results/summarize.py RUN/metrics.jsonl ...             # last eval, median ms/step and tokens/s per run
     python results/summarize.py --curve RUN/metrics.jsonl ...     # val loss at every eval step, one row per run
+    python results/summarize.py --takeoff 15,50 RUN/metrics.jsonl ...   # first eval step with val acc above 15%, 50%
+                                                   (a training log, RUN.log, works in place of a metrics.jsonl)
     python results/summarize.py --diff A/metrics.jsonl B/metrics.jsonl [C D ...]
                                     # pairs A-B, C-D: per-step |train loss difference| and tokens/s B / A
 
@@ -25,6 +27,8 @@ import statistics
 
 def run_name(path):
     base = os.path.basename(path)
+    if base.endswith(".log"):
+        return base[:-4]
     if base in ("eval.json", "metrics.jsonl"):
         return os.path.basename(os.path.dirname(os.path.abspath(path)))
     return re.sub(r"([-.]eval)?\.(json|jsonl)$", "", base)
@@ -32,6 +36,12 @@ def run_name(path):
 
 def load(path):
     """(evals {iter: {split: {loss, acc}}}, train {iter: record}) of one file."""
+    if path.endswith(".log"):  # a training log's "step N: train loss a acc b, val loss x acc y" lines
+        evals = {}
+        for m in re.finditer(r"^step (\d+): (.*)$", open(path).read(), flags=re.M):
+            evals[int(m[1])] = {k: {"loss": float(x), "acc": float(y)}
+                                for k, x, y in re.findall(r"(\w+) loss ([\d.]+) acc ([\d.]+)", m[2])}
+        return evals, {}
     if path.endswith(".jsonl"):
         recs = [json.loads(line) for line in open(path) if line.strip()]
         evals = {r["iter"]: r["eval"] for r in recs if "eval" in r}
@@ -103,6 +113,17 @@ def curve(paths, split):
     print(table(["run"] + [str(i) for i in its], rows))
 
 
+def takeoff(paths, split, thresholds):
+    """Per run: the first eval step whose accuracy exceeds each threshold (%), '–' if none."""
+    rows = []
+    for p in paths:
+        ev = load(p)[0]
+        its = sorted(i for i in ev if "acc" in ev[i].get(split, {}))
+        first = [next((str(i) for i in its if 100 * ev[i][split]["acc"] > t), "–") for t in thresholds]
+        rows.append([run_name(p)] + first + [fmt(100 * ev[its[-1]][split]["acc"], 2) if its else ""])
+    print(table(["run"] + [f"first step, {split} acc > {t:g}%" for t in thresholds] + [f"last {split} acc %"], rows))
+
+
 def diff(paths, lo, hi, window, skip):
     if len(paths) % 2:
         raise SystemExit("error: --diff takes pairs of metrics.jsonl files")
@@ -129,7 +150,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="+", help="eval.json and/or metrics.jsonl files")
     ap.add_argument("--curve", action="store_true", help="the eval loss at every eval step, one row per run")
-    ap.add_argument("--split", default="val", help="the split of --curve (default val)")
+    ap.add_argument("--split", default="val", help="the split of --curve and --takeoff (default val)")
+    ap.add_argument("--takeoff", default=None, metavar="PCT,PCT",
+                    help="the first eval step whose accuracy exceeds each of these percentages, one row per run")
     ap.add_argument("--diff", action="store_true", help="compare pairs of metrics.jsonl files (train loss, tokens/s)")
     ap.add_argument("--from", dest="lo", type=int, default=0, help="--diff: first step compared (default 0)")
     ap.add_argument("--to", dest="hi", type=int, default=10**12, help="--diff: compare steps below this one")
@@ -143,6 +166,8 @@ def main():
             raise SystemExit(f"error: {p} not found")
     if a.diff:
         diff(a.files, a.lo, a.hi, a.window, a.skip)
+    elif a.takeoff:
+        takeoff(a.files, a.split, [float(t) for t in a.takeoff.split(",")])
     elif a.curve:
         curve(a.files, a.split)
     else:
