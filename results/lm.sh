@@ -9,6 +9,7 @@
 #   3. eval_extrapolation.py at 512 x 1..10 on the held-out val split (the State of the Union
 #      addresses), every RoPE model also with zero-shot YaRN
 #      init as in every language config; results/delta_stats.py says how much of delta moved
+#   3b. eval_frequencies.py on every pretrained PoPE and RoPE model (the default bound)
 #   4. 124M PoPE and RoPE (20 steps: a memory check, not a trained model) evaluated at 1024..10240
 #      tokens, one window per forward pass: peak memory against length
 #
@@ -22,6 +23,7 @@
 #          delta.md                                         how far delta moved from its zero init, per PoPE model
 #          seed<S>-pope-ft.*, seed<S>-rope-yarn-ft.*         the fine-tunes of the first seed
 #          extrapolation.log / .json / .png                 perplexity against context length, NLL by position
+#          frequencies.log / .json / .png                   frequency usage per layer and channel (3b)
 #          memory-124m.log / .json                          the 124M memory check (its checkpoints are deleted)
 #          env.txt
 # Settings (environment variables):
@@ -94,6 +96,11 @@ python results/delta_stats.py $OUT/seed*-pope*/ckpt.pt | tee $OUT/delta.md
 CUDA_VISIBLE_DEVICES=${GPU[0]} python eval_extrapolation.py --data data/english/val.bin --yarn --no_progress \
     --ckpt "${CKPTS[@]}" --labels $(IFS=,; echo "${LABELS[*]}") \
     --json $OUT/extrapolation.json --plot $OUT/extrapolation.png $EVAL_EXTRA 2>&1 | tee $OUT/extrapolation.log
+
+# 3b. which positional frequencies the pretrained PoPE and RoPE models use (RESULTS.md, frequency usage)
+FREQ=(); for s in $SEEDS; do FREQ+=($OUT/seed$s-pope/ckpt.pt $OUT/seed$s-rope/ckpt.pt); done
+CUDA_VISIBLE_DEVICES=${GPU[0]} python eval_frequencies.py --data data/english/val.bin --ckpt "${FREQ[@]}" \
+    --json $OUT/frequencies.json --plot $OUT/frequencies.png 2>&1 | tee $OUT/frequencies.log
 
 # 4. 124M at 10x its 1024-token context: peak memory is linear in T (no T x T attention tensor)
 M124="--dataset=english --max_iters=20 --lr_decay_iters=20 --warmup_iters=2 --eval_interval=20 --eval_iters=2
