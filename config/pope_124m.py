@@ -1,9 +1,11 @@
-# PoPE GPT-124M on OpenWebText, the paper's setup (arXiv 2509.10534): 12 layers,
+# GPT-124M on OpenWebText, the paper's setup (arXiv 2509.10534), PoPE by default
+# and RoPE with the override below (the same model, data and schedule): 12 layers,
 # 12 heads of dim 64, RMSNorm, batch 64 x 1024 tokens, AdamW 6e-4 -> 6e-5 cosine
 # over 100k iterations with 1k warmup, weight decay 0.01, beta2 0.95, clip 1.0,
-# no dropout. The paper reports validation perplexity 21.33 (RoPE: 21.55).
-# Data: python prepare/openwebtext.py
-# Usage: python train.py config/pope_124m.py
+# no dropout. The paper reports validation perplexity 21.33 (PoPE) and 21.55 (RoPE).
+# Data:  python prepare/openwebtext.py
+# Usage: python train.py config/pope_124m.py                                    (PoPE)
+#        python train.py config/pope_124m.py --pos_emb=rope --out_dir=out-rope-124m   (RoPE)
 #        torchrun --standalone --nproc_per_node=8 train.py config/pope_124m.py
 out_dir = "out-pope-124m"
 dataset = "openwebtext"

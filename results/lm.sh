@@ -5,7 +5,7 @@
 #      32 x 512 tokens), PoPE and RoPE for each seed; one seed means the same batches. PoPE once
 #      for each way of keeping delta in [-2pi, 0] in BOUNDS (model.pope_delta), delta from zero
 #   2. fine-tunes of the first seed at 4x context, shortened to 100 steps of 8 x 2048 tokens:
-#      RoPE with YaRN s = 4 (config/finetune_yarn.py) and PoPE without change (config/finetune_pope.py)
+#      RoPE with YaRN s = 4 and PoPE without change (config/finetune_long.py, --rope_scaling=4.0 for YaRN)
 #   3. eval_extrapolation.py at 512 x 1..10 on the held-out val split (the State of the Union
 #      addresses), every RoPE model also with zero-shot YaRN
 #      init as in every language config; results/delta_stats.py says how much of delta moved
@@ -79,11 +79,11 @@ FT="--block_size=2048 --batch_size=8 --gradient_accumulation_steps=1 --max_iters
     --eval_iters=20 --log_interval=10 --compile=True --dataset=english --always_save_checkpoint=True"
 pids=()
 finished seed$s-rope-yarn-ft 100 || {
-    CUDA_VISIBLE_DEVICES=${GPU[0]} python train.py config/finetune_yarn.py --init_from=$OUT/seed$s-rope/ckpt.pt \
+    CUDA_VISIBLE_DEVICES=${GPU[0]} python train.py config/finetune_long.py --init_from=$OUT/seed$s-rope/ckpt.pt \
         --out_dir=$OUT/seed$s-rope-yarn-ft --rope_scaling=4.0 $FT --overwrite=True $EXTRA > $OUT/seed$s-rope-yarn-ft.log 2>&1 &
     pids+=($!); }
 finished seed$s-pope-ft 100 || {
-    CUDA_VISIBLE_DEVICES=${GPU[1 % ${#GPU[@]}]} python train.py config/finetune_pope.py --init_from=$OUT/seed$s-pope/ckpt.pt \
+    CUDA_VISIBLE_DEVICES=${GPU[1 % ${#GPU[@]}]} python train.py config/finetune_long.py --init_from=$OUT/seed$s-pope/ckpt.pt \
         --out_dir=$OUT/seed$s-pope-ft $FT --overwrite=True $EXTRA > $OUT/seed$s-pope-ft.log 2>&1 &
     pids+=($!); }
 fail=0; for p in "${pids[@]}"; do wait $p || fail=1; done

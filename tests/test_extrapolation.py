@@ -1,4 +1,4 @@
-"""Tests for eval_extrapolation.py and the fine-tuning configs (CPU, tiny models).
+"""Tests for eval_extrapolation.py and the fine-tuning config (CPU, tiny models).
 
 Run: python -m pytest tests/test_extrapolation.py -q
 Tiny PoPE / RoPE checkpoints are trained by train.py in a subprocess on a
@@ -555,44 +555,28 @@ def test_tokenizer_offline_is_a_one_line_error(env, tmp_path, monkeypatch):
 
 
 # -----------------------------------------------------------------------------
-# fine-tuning configs
+# the fine-tuning config (config/finetune_long.py), through train.py
 
-def finetune_cfg(name):
-    defaults = {k: getattr(train, k) for k in train.config_keys}
-    return train.configure([os.path.join(ROOT, "config", name)], defaults)[0]  # (cfg, keys given)
-
-
-@pytest.mark.parametrize("name,scale", [("finetune_yarn.py", 4.0), ("finetune_pope.py", 1.0)])
-def test_finetune_config_recipe(name, scale):
-    cfg = finetune_cfg(name)
-    assert cfg["block_size"] == 4096 and cfg["rope_scaling"] == scale and cfg["rope_scaling_orig_len"] == 0
-    assert cfg["max_iters"] == 500 and cfg["learning_rate"] == 6e-5 and cfg["warmup_iters"] == 20
-    assert cfg["batch_size"] * cfg["gradient_accumulation_steps"] == 64
-    assert cfg["init_from"].endswith(".pt")
-    # the schedule: 20 linear warmup steps, then 6e-5 flat to the end (no decay)
-    lrs = [train.get_lr(i, cfg) for i in range(cfg["max_iters"] + 1)]
-    assert lrs[0] < lrs[10] < lrs[19] < 6e-5
-    assert all(lr == 6e-5 for lr in lrs[20:])
-    with open(os.path.join(ROOT, "config", name)) as f:
-        head = f.read().split("\n\n")[0]
-    assert head.startswith("#") and "Usage:" in head and f"python train.py config/{name}" in head
-
-
-def finetune(env, tmp_path, config, source, out_name):
-    """train.py config/<config> for 2 steps at context 128 from the tiny <source> checkpoint;
-    returns (out_dir, its checkpoint)."""
+def finetune(env, tmp_path, source, out_name, *extra):
+    """train.py config/finetune_long.py for 3 steps at context 128 from the tiny <source>
+    checkpoint, 1 warmup step, a cosine to 0 over 4 steps (were the lr decayed, step 2 would
+    show it); returns (out_dir, its checkpoint, the lr of steps 0, 1, 2 from metrics.jsonl)."""
     out = tmp_path / out_name
-    run_train([os.path.join(ROOT, "config", config), f"--init_from={env.ckpts[source]}",
+    run_train([os.path.join(ROOT, "config", "finetune_long.py"), f"--init_from={env.ckpts[source]}",
                "--dataset=shk", f"--data_dir={env.root / 'data'}", f"--out_dir={out}", "--device=cpu",
-               "--block_size=128", "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=2",
-               "--eval_interval=2", "--eval_iters=1"], cwd=tmp_path)
-    return out, torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)
+               "--block_size=128", "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=3",
+               "--warmup_iters=1", "--lr_decay_iters=4", "--min_lr=0.0", "--log_interval=1", "--eval_interval=3",
+               "--eval_iters=1", *extra], cwd=tmp_path)
+    with open(out / "metrics.jsonl") as f:
+        lrs = [r["lr"] for r in map(json.loads, f) if "lr" in r]
+    return out, torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False), lrs
 
 
 def test_finetune_yarn_end_to_end_and_eval_rule(env, tmp_path):
-    """train.py config/finetune_yarn.py on the tiny RoPE checkpoint (context 32 -> 128, s = 4),
-    then the eval: the checkpoint's own series keeps s = 4; --yarn uses max(4, L / 32)."""
-    out, ck = finetune(env, tmp_path, "finetune_yarn.py", "rope", "out-rope-yarn")
+    """The README's RoPE+YaRN command (--rope_scaling=4.0) on the tiny RoPE checkpoint
+    (context 32 -> 128, s = 4), then the eval: the checkpoint's own series keeps s = 4;
+    --yarn uses max(4, L / 32)."""
+    out, ck, _ = finetune(env, tmp_path, "rope", "out-rope-yarn", "--rope_scaling=4.0")
     ma = ck["model_args"]
     assert ma["pos_emb"] == "rope" and ma["block_size"] == 128
     assert ma["rope_scaling"] == 4.0 and ma["rope_scaling_orig_len"] == BLOCK
@@ -607,7 +591,9 @@ def test_finetune_yarn_end_to_end_and_eval_rule(env, tmp_path):
 
 
 def test_finetune_pope_end_to_end(env, tmp_path):
-    out, ck = finetune(env, tmp_path, "finetune_pope.py", "pope", "out-pope-ft")
+    """The README's PoPE+ft command: the PoPE checkpoint as it is (no YaRN), at the recipe's
+    lr: half of 6e-5 in the one warmup step, then 6e-5 with no decay."""
+    _, ck, lrs = finetune(env, tmp_path, "pope", "out-pope-ft")
     assert ck["model_args"]["pos_emb"] == "pope" and ck["model_args"]["block_size"] == 128
-    assert ck["model_args"]["rope_scaling"] == 1.0
-    assert ck["config"]["learning_rate"] == 6e-5 and ck["iter_num"] == 2
+    assert ck["model_args"]["rope_scaling"] == 1.0 and ck["iter_num"] == 3
+    assert lrs == [3e-5, 6e-5, 6e-5], lrs

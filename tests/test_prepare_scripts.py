@@ -37,10 +37,8 @@ def test_import_is_light_and_modules_have_decode():
     assert r.stdout.strip() == "[]"
 
 
-def test_progress_is_tqdm_with_no_fallback(monkeypatch, capsys):
+def test_progress_is_tqdm_on_stderr(capsys):
     from tqdm import tqdm
-    monkeypatch.setenv("POPE_NO_TQDM", "1")  # the old switch to a fallback printer is gone
-    assert not hasattr(common, "_Printer")
     bar = common.progress(range(5), desc="items", unit="it")
     assert isinstance(bar, tqdm)
     assert list(bar) == [0, 1, 2, 3, 4]
@@ -49,7 +47,6 @@ def test_progress_is_tqdm_with_no_fallback(monkeypatch, capsys):
         assert isinstance(b, tqdm)
         b.update(1234)
     assert b.n == 1234 and "bytes: 1.23kB" in capsys.readouterr().err
-    assert "POPE_NO_TQDM" not in (REPO / "prepare" / "common.py").read_text()
 
 
 def test_bin_writer_is_atomic_and_checks_range(tmp_path):

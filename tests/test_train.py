@@ -171,7 +171,6 @@ def test_configurator_errors(tmp_path):
     assert not (tmp_path / "o-quick").exists()
     p = run([os.path.join(ROOT, "train.py"), "--help"], tmp_path)
     assert "--pos_emb='pope'" in p.stdout and "Usage" in p.stdout
-    assert "--eval_only=True \\\n        --eval_full=True" in p.stdout  # the example's line break survives
 
 
 NONSENSE = {  # setting: what the one-line error must say
