@@ -211,8 +211,8 @@ def load_tokens(spec, meta, need, ckpt="the checkpoint", chunk_chars=1 << 20):
 def choose_budget(N, lengths, cap, explicit, data):
     """The scored tokens B for a stream of N tokens: the largest multiple of the longest length within the cap and
     the N - 1 targets. Every length scores these B targets; one that does not divide B ends in a shorter window
-    (noted on stderr). Whole windows at every length would need a multiple of their least common multiple, for
-    512 x 1..10 1,290,240 tokens: more than most held-out sets, which left the lengths scoring different tokens."""
+    (noted on stderr). Whole windows at every length would need a multiple of their least common multiple
+    (1,290,240 tokens for 512 x 1..10), more than most held-out sets hold."""
     Lmax = max(lengths)
     if explicit and cap < Lmax:
         die(f"--max_tokens={cap} is less than the longest length {Lmax}; every length needs a window")
