@@ -7,7 +7,10 @@ Usage:
   python eval_extrapolation.py --ckpt A.pt B.pt --labels PoPE,RoPE --data pg19.jsonl --json r.json --plot r.png
   python eval_extrapolation.py --ckpt out-rope/ckpt.pt --data hf:pg19 --lengths 1024,4096 --yarn_scale 4
 
-Which tokens are scored, the budget rule and YaRN's s(L): see README.md, "Length extrapolation".
+Scored tokens: the same B targets t_1 .. t_B at every length, B the largest multiple of the longest length within
+--max_tokens and the data. At length L the first B + 1 tokens are cut into windows of L from the start (no overlap),
+the last one shorter (B mod L tokens) where L does not divide B. Each window is scored at every position; the NLL by
+position bucket comes from the same windows. YaRN's s(L): see README.md, "Length extrapolation".
 """
 
 import argparse
@@ -47,13 +50,15 @@ def parse_args(argv):
         "L0 its original context (the plain series keeps the checkpoint's own s_ckpt, 1 if none)")
     add("--yarn_only", action="store_true", help="with --yarn: drop the plain series of RoPE checkpoints")
     add("--yarn_scale", type=float, help="a fixed YaRN scale s >= 1 instead of s(L) (implies --yarn)")
-    add("--max_tokens", type=int, help=f"cap on the scored tokens per length (default {DEFAULT_MAX_TOKENS}); all "
-        "lengths score the same tokens if a multiple of every length fits, else stderr says how they differ")
-    add("--bucket_size", type=int, help="positions per NLL bucket in the longest windows (default: block size)")
+    add("--max_tokens", type=int, help=f"cap on the scored tokens, the same at every length (default "
+        f"{DEFAULT_MAX_TOKENS}; floored to a multiple of the longest length)")
+    add("--bucket_size", type=int, help="positions per bucket of the NLL by position, at every length "
+        "(default: the smallest block size)")
     add("--batch_tokens", type=int, default=16384, help="tokens per forward pass (windows = max(1, this // L))")
     add("--batch_size", type=int, help="windows per forward pass (overrides --batch_tokens)")
     add("--json", help="write every number here (NLL, ppl, tokens, YaRN s, peak CUDA memory, position buckets)")
-    add("--plot", help="write a PNG plot of perplexity against length here (needs matplotlib)")
+    add("--plot", help="write a PNG here: perplexity against length, and NLL against position in the longest "
+        "windows (needs matplotlib)")
     add("--device", default="auto", help="auto (cuda if available) | cpu | cuda | cuda:1 ...")
     add("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: bf16 autocast on CUDA")
     add("--attn_impl", default="auto", choices=["auto", "torch", "triton"], help="PoPE attention implementation")
@@ -204,9 +209,11 @@ def load_tokens(spec, meta, need, ckpt="the checkpoint", chunk_chars=1 << 20):
 
 
 def choose_budget(N, lengths, cap, explicit, data):
-    """The budget B for N tokens: the largest multiple of every length within the cap and the N - 1 targets, so all
-    lengths score the same tokens; else the cap (by default floored to the longest length), with a note on stderr."""
-    limit, lcm, Lmax = min(cap, N - 1), math.lcm(*lengths), max(lengths)
+    """The scored tokens B for a stream of N tokens: the largest multiple of the longest length within the cap and
+    the N - 1 targets. Every length scores these B targets; one that does not divide B ends in a shorter window
+    (noted on stderr). Whole windows at every length would need a multiple of their least common multiple
+    (1,290,240 tokens for 512 x 1..10), more than most held-out sets hold."""
+    Lmax = max(lengths)
     if explicit and cap < Lmax:
         die(f"--max_tokens={cap} is less than the longest length {Lmax}; every length needs a window")
     if N < Lmax + 1:
@@ -215,26 +222,35 @@ def choose_budget(N, lengths, cap, explicit, data):
     if explicit and cap > N - 1:
         die(f"--max_tokens={cap} but {data} has only {N} tokens ({N - 1} scoreable targets); "
             f"at most {(N - 1) // Lmax * Lmax} at length {Lmax}")
-    if lcm <= limit:
-        return limit // lcm * lcm
-    B = limit if explicit else limit // Lmax * Lmax
-    (lo, L_lo), hi = min((B // L * L, L) for L in lengths), max(B // L * L for L in lengths)
-    print(f"note: no multiple of every length (lcm {lcm}) fits in {limit} tokens, so the scored tokens differ by "
-          f"length: {lo} (L={L_lo}) to {hi}, {100 * (hi - lo) / hi:.2f}% apart", file=sys.stderr)
+    B = min(cap, N - 1) // Lmax * Lmax
+    if short := [(L, B % L) for L in lengths if B % L]:
+        print(f"note: every length scores the same {B} tokens; the last window is shorter at " +
+              ", ".join(f"L={L} ({r} tokens)" for L, r in short) + f", {100 * max(r for _, r in short) / B:.2f}% of "
+              "the scored tokens at most", file=sys.stderr)
     return B
+
+
+def nll_stats(nll_sum, tokens):
+    nll = float(nll_sum) / tokens
+    return {"nll": nll, "ppl": math.inf if nll >= 700 else math.exp(nll), "tokens": tokens}  # exp overflows at 710
+
+
+def position_buckets(nll_sum, count, size):
+    """Mean NLL over the positions a .. a + size - 1 of the windows, from per-position sums and token counts."""
+    return [{"start": a, "end": min(a + size, len(nll_sum)), **nll_stats(nll_sum[a:a + size].sum(),
+                                                                          int(count[a:a + size].sum()))}
+            for a in range(0, len(nll_sum), size)]
 
 
 @torch.no_grad()
 def run_series(s, lengths, args, device, ctx, bucket_size, bar):
-    """One series at every length. At length L, window j = 0 .. B // L - 1 (B: the budget) feeds tokens
-    t_{jL} .. t_{jL+L-1} (positions 0 .. L-1) and scores its predictions of t_{jL+1} .. t_{jL+L}."""
-    def nll_stats(nll_sum, tokens):
-        nll = float(nll_sum) / tokens
-        return {"nll": nll, "ppl": math.inf if nll >= 700 else math.exp(nll), "tokens": tokens}  # exp overflows at 710
+    """One series at every length. At length L, with n, rest = divmod(B, L) (B: the budget), window j < n feeds
+    tokens t_{jL} .. t_{jL+L-1} (positions 0 .. L-1) and scores its predictions of t_{jL+1} .. t_{jL+L}; where
+    rest > 0, a last window feeds t_{nL} .. t_{B-1} and scores t_{nL+1} .. t_B. Every length scores t_1 .. t_B."""
     m, model, cuda, rope = s["m"], s["m"]["model"], device.startswith("cuda"), s["m"]["cfg"].pos_emb == "rope"
     rec = {"label": s["label"], "ckpt": m["path"], "pos_emb": m["cfg"].pos_emb, "block_size": m["cfg"].block_size,
            "params": model.get_num_params(), "attention": m["attention"], "tokens_available": int(len(m["toks"])),
-           "max_tokens": m["budget"], "results": {}, "buckets": None,
+           "max_tokens": m["budget"], "results": {},
            "yarn": {"eval_time": s["yarn"], "ckpt_scale": m["s_ckpt"], "orig_len": m["orig_len"],
                     "rule": "s = s_ckpt" if not s["yarn"] else "fixed --yarn_scale" if args.yarn_scale
                     else "s = max(s_ckpt, L / orig_len)"} if rope else None}
@@ -247,28 +263,29 @@ def run_series(s, lengths, args, device, ctx, bucket_size, bar):
         if cuda:  # peak memory above the weights: shows the attention never holds a T x T tensor
             torch.cuda.reset_peak_memory_stats()
             mem0 = torch.cuda.memory_allocated()
-        t0, n, pos = time.time(), m["budget"] // L, np.zeros(L, dtype=np.float64)  # NLL sums per position
-        for j0 in range(0, n, bs):
-            j1 = min(n, j0 + bs)
-            w = torch.from_numpy(np.asarray(m["toks"][j0 * L:j1 * L + 1], dtype=np.int64)).to(device)
-            x, y = w[:-1].view(j1 - j0, L), w[1:].view(j1 - j0, L)
+        n, rest = divmod(m["budget"], L)
+        # (first token, windows, window length) per forward pass: n whole windows, bs at a time, then the short one
+        passes = [(j0 * L, min(bs, n - j0), L) for j0 in range(0, n, bs)] + ([(n * L, 1, rest)] if rest else [])
+        t0, nll_sum, count = time.time(), np.zeros(L, dtype=np.float64), np.zeros(L, dtype=np.int64)  # per position
+        for start, k, T in passes:
+            w = torch.from_numpy(np.asarray(m["toks"][start:start + k * T + 1], dtype=np.int64)).to(device)
+            x, y = w[:-1].view(k, T), w[1:].view(k, T)
             with ctx:
                 logits, _ = model(x, y)
             # window by window, so that only one window's float32 logits exist at a time
-            pos += torch.stack([F.cross_entropy(lg.float(), t, reduction="none") for lg, t in zip(logits, y)]) \
+            nll_sum[:T] += torch.stack([F.cross_entropy(lg.float(), t, reduction="none") for lg, t in zip(logits, y)]) \
                 .double().sum(0).cpu().numpy()
+            count[:T] += k
             del logits
-            bar.update(j1 - j0)
-        r = rec["results"][str(L)] = {"length": L, **nll_stats(pos.sum(), n * L), "windows": n,
-                                      "windows_per_batch": bs, "seconds": round(time.time() - t0, 3)}
+            bar.update(k)
+        r = rec["results"][str(L)] = {"length": L, **nll_stats(nll_sum.sum(), int(count.sum())), "windows": n,
+                                      "short_window": rest, "windows_per_batch": bs,
+                                      "seconds": round(time.time() - t0, 3),
+                                      "buckets": position_buckets(nll_sum, count, bucket_size)}
         if cuda:
             r["peak_extra_mem_mb"] = round((torch.cuda.max_memory_allocated() - mem0) / 2**20, 1)
         if rope:
             r["rope_scaling"], r["mscale"] = scale, (0.1 * math.log(scale) + 1.0 if scale > 1 else 1.0)
-    # buckets over the last (= longest) length's windows: L, n and pos are still its
-    rows = [(a, pos[a:a + bucket_size]) for a in range(0, L, bucket_size)]
-    rec["buckets"] = {"length": L, "bucket_size": bucket_size,
-                      "rows": [{"start": a, "end": a + len(p), **nll_stats(p.sum(), n * len(p))} for a, p in rows]}
     return rec
 
 
@@ -278,7 +295,7 @@ def print_tables(series, lengths):
     def ppl(r):  # the scored tokens in brackets where they differ from the first series'
         return (f"{r['ppl']:.3f}" if r["ppl"] < 1e4 else f"{r['ppl']:.3e}") + \
             ("" if r["tokens"] == tok0[str(r["length"])]["tokens"] else f" [{r['tokens']}]")
-    rows = [s["buckets"]["rows"] for s in series]
+    rows = [s["results"][str(max(lengths))]["buckets"] for s in series]
     for title, first, body in [
             ("perplexity by context length [scored tokens]", "length",
              [(f"{L} [{tok0[str(L)]['tokens']}]", [ppl(s["results"][str(L)]) for s in series]) for L in lengths]),
@@ -291,18 +308,29 @@ def print_tables(series, lengths):
 
 
 def write_plot(path, series, lengths):
+    """Two panels: perplexity against length, and the NLL by position bucket in the longest windows (where a
+    model that does not extrapolate breaks: the average over the window dilutes it)."""
     try:
         from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
     except ImportError:  # parse_args checked it; gone since?
         die(f"--plot {path} needs matplotlib: pip install matplotlib (or drop --plot)")
-    ax = (fig := Figure(figsize=(7, 4.5), layout="tight")).subplots()
-    for s in series:  # a null (infinite) perplexity leaves a gap
+    fig = Figure(figsize=(13, 4.5), layout="tight")
+    ax, bx = fig.subplots(1, 2)
+    Lmax = max(lengths)
+    for s in series:  # a null (infinite) value leaves a gap
         ax.plot(lengths, [s["results"][str(L)]["ppl"] or math.nan for L in lengths], marker="o", label=s["label"])
-    for T in sorted({s["block_size"] for s in series}):
-        ax.axvline(T, color="gray", linestyle=":", linewidth=1)
+        rows = s["results"][str(Lmax)]["buckets"]
+        bx.plot([(b["start"] + b["end"] - 1) / 2 for b in rows], [b["nll"] or math.nan for b in rows], marker=".",
+                label=s["label"])
+    for T in sorted({s["block_size"] for s in series}):  # the training contexts
+        for a in (ax, bx):
+            a.axvline(T, color="gray", linestyle=":", linewidth=1)
     ax.set(yscale="log", xlabel="context length (tokens)", ylabel="perplexity", title="Perplexity against length")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    bx.set(xlabel="position in the window (bucket centre)", ylabel="NLL (nats/token)",
+           title=f"NLL by position, windows of {Lmax} tokens")
+    for a in (ax, bx):
+        a.grid(True, which="both", alpha=0.3)
+        a.legend()
     write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
 
 
@@ -344,14 +372,15 @@ def main(argv=None):
         m["toks"], m["budget"] = streams[key]
         if (vmax := int(np.max(np.asarray(m["toks"][:m["budget"] + 1])))) >= m["cfg"].vocab_size:
             die(f"{args.data} holds token id {vmax} but {m['path']} has a vocabulary of {m['cfg'].vocab_size}")
-    t0, total = time.time(), sum(s["m"]["budget"] // L for s in series for L in lengths)
+    t0, total = time.time(), sum(-(-s["m"]["budget"] // L) for s in series for L in lengths)  # windows
     with tqdm(total=total, unit="win", file=sys.stderr, dynamic_ncols=True, disable=args.no_progress) as bar:
         out = [run_series(s, lengths, args, device, ctx, bucket_size, bar) for s in series]
     print(f"\n{args.data}: {time.time() - t0:.1f}s on {device}{' (bf16 autocast)' if bf16 else ''}")
     print_tables(out, lengths)
     result = {"data": {"spec": args.data, "kind": args.kind}, "lengths": lengths, "bucket_size": bucket_size,
               "device": device, "dtype": "bfloat16 autocast" if bf16 else "float32",
-              "scored_tokens": "length L: windows j < B // L, inputs [jL, jL+L), targets [jL+1, jL+L]; B = max_tokens",
+              "scored_tokens": "length L: windows j < B // L, inputs [jL, jL+L), targets [jL+1, jL+L]; where L does "
+                               "not divide B (= max_tokens) a short window, inputs [nL, B), targets [nL+1, B]",
               "models": {s["label"]: s for s in out}}
     result = json.loads(json.dumps(result), parse_constant=lambda _: None)  # JSON has no inf/nan: null
     writes = {"--json": (args.json, lambda: write_json(args.json, result)),

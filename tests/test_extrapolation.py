@@ -193,7 +193,7 @@ def test_yarn_at_s1_is_plain_rope(env, tmp_path):
     for L in ("32", "64", "96"):
         assert plain["results"][L]["nll"] == yarn["results"][L]["nll"]
         assert yarn["results"][L]["rope_scaling"] == 1.0
-    assert [b["nll"] for b in plain["buckets"]["rows"]] == [b["nll"] for b in yarn["buckets"]["rows"]]
+    assert [b["nll"] for b in plain["results"]["96"]["buckets"]] == [b["nll"] for b in yarn["results"]["96"]["buckets"]]
 
 
 def test_yarn_scale_rule_plain_rope(env, tmp_path):
@@ -221,7 +221,7 @@ def test_json_has_every_length_and_consistent_buckets(env, tmp_path, capsys):
     cap = capsys.readouterr()
     out = cap.out
     assert "perplexity by context length" in out and "NLL (nats/token) by position" in out
-    assert "differ" not in cap.err  # lcm(16, 48, 96) = 96 fits in the cap of 1000
+    assert "shorter" not in cap.err  # 16 and 48 divide 960
     assert js["lengths"] == [16, 48, 96]
     assert set(js["models"]) == {"out-pope", "out-rope"}
     for m in js["models"].values():
@@ -229,17 +229,18 @@ def test_json_has_every_length_and_consistent_buckets(env, tmp_path, capsys):
         assert set(m["results"]) == {"16", "48", "96"}
         for L in (16, 48, 96):
             r = m["results"][str(L)]
-            assert r["length"] == L and r["windows"] == 960 // L and r["tokens"] == 960
+            assert r["length"] == L and r["windows"] == 960 // L and r["short_window"] == 0 and r["tokens"] == 960
             assert 0 < r["nll"] < 10 and math.isclose(r["ppl"], math.exp(r["nll"]))
-        b = m["buckets"]
-        assert b["length"] == 96 and b["bucket_size"] == 20
-        assert [(x["start"], x["end"]) for x in b["rows"]] == [(0, 20), (20, 40), (40, 60), (60, 80), (80, 96)]
-        assert sum(x["tokens"] for x in b["rows"]) == m["results"]["96"]["tokens"]
-        mean = sum(x["nll"] * x["tokens"] for x in b["rows"]) / m["results"]["96"]["tokens"]
-        assert math.isclose(mean, m["results"]["96"]["nll"], rel_tol=1e-9)
+            # buckets of 20 positions at every length, the last one cut at L; together the length's tokens
+            assert [(b["start"], b["end"]) for b in r["buckets"]] == [(a, min(a + 20, L)) for a in range(0, L, 20)]
+            assert [b["tokens"] for b in r["buckets"]] == [960 // L * (b["end"] - b["start"]) for b in r["buckets"]]
+            mean = sum(b["nll"] * b["tokens"] for b in r["buckets"]) / r["tokens"]
+            assert math.isclose(mean, r["nll"], rel_tol=1e-9)
         # the table on stdout shows the same numbers
         for L in (16, 48, 96):
             assert f"{m['results'][str(L)]['ppl']:.3f}" in out
+        for b in m["results"]["96"]["buckets"]:
+            assert f"{b['start']}-{b['end'] - 1}" in out and f"{b['nll']:.4f}" in out
     # main() returns what it wrote
     assert res["lengths"] == js["lengths"]
 
@@ -262,13 +263,17 @@ def test_default_lengths_are_block_size_times_1_to_10(env, tmp_path, capsys):
     _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", env.val, "--max_tokens", str(10 * BLOCK)], tmp_path)
     assert js["lengths"] == [BLOCK * k for k in range(1, 11)]
     m = js["models"]["out-pope"]
-    # lcm(32 x 1..10) = 80640 > 320: the old rule, B = 320, and a note on how much the lengths differ
+    # lcm(32 x 1..10) = 80640 > 320, yet every length scores the same 320 tokens: the lengths that do not divide
+    # 320 end in one shorter window
     assert m["max_tokens"] == 320
-    assert [m["results"][str(BLOCK * k)]["tokens"] for k in range(1, 11)] == [(320 // (32 * k)) * 32 * k
-                                                                              for k in range(1, 11)]
-    assert "(lcm 80640) fits in 320 tokens" in capsys.readouterr().err
-    assert m["buckets"]["length"] == 320 and m["buckets"]["bucket_size"] == BLOCK
-    assert len(m["buckets"]["rows"]) == 10
+    res = [m["results"][str(BLOCK * k)] for k in range(1, 11)]
+    assert [r["tokens"] for r in res] == [320] * 10
+    assert [(r["windows"], r["short_window"]) for r in res] == [divmod(320, 32 * k) for k in range(1, 11)]
+    err = capsys.readouterr().err
+    assert ("note: every length scores the same 320 tokens; the last window is shorter at L=96 (32 tokens), "
+            "L=128 (64 tokens), L=192 (128 tokens), L=224 (96 tokens), L=256 (64 tokens), L=288 (32 tokens), "
+            "40.00% of the scored tokens at most") in err
+    assert js["bucket_size"] == BLOCK and len(m["results"]["320"]["buckets"]) == 10
 
 
 def test_default_budget_uses_every_whole_longest_window(env, tmp_path):
@@ -279,37 +284,54 @@ def test_default_budget_uses_every_whole_longest_window(env, tmp_path):
     assert m["results"]["320"]["tokens"] == m["max_tokens"] == m["results"]["64"]["tokens"]
 
 
-def test_budget_is_a_multiple_of_every_length(env, tmp_path, capsys):
-    """96 and 160 do not divide each other: the budget is a multiple of lcm = 480, so both lengths score
-    exactly the same targets t_1 .. t_B (the old rule, a multiple of 160, scored 19776 vs 19840)."""
+def window_nll64(model, ids, L, B):
+    """Per-token NLL of the documented windows at length L over targets t_1 .. t_B, in float64 from the formula
+    logsumexp(z) - z_target: a list of (position in the window, nll) per scored token."""
+    out = []
+    for a in range(0, B, L):
+        T = min(L, B - a)
+        x, y = ids[a:a + T].view(1, T), ids[a + 1:a + T + 1].view(1, T)
+        with torch.no_grad():
+            z, _ = model(x, y)
+        z = z[0].double()
+        nll = (torch.logsumexp(z, -1) - z.gather(-1, y.view(T, 1))[:, 0]).tolist()
+        out += list(enumerate(nll))
+    return out
+
+
+def test_same_tokens_at_every_length_with_a_short_last_window(env, tmp_path, capsys):
+    """96 and 160 do not divide each other, and lcm(96, 160) = 480 is not needed: the budget is the largest multiple
+    of 160 in the data, and at 96 the last window is shorter, so both lengths score exactly t_1 .. t_B (the
+    rule before scored 19776 vs 19840 tokens; the one before that, a multiple of the lcm, left 160 tokens out)."""
     _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", env.val, "--lengths", "160,96"], tmp_path)
     n = len(env.val_ids)
-    B = (n - 1) // 480 * 480
-    assert B == 19680
+    B = (n - 1) // 160 * 160
+    assert B == 19840 and B % 96 == 64
     m = js["models"]["out-pope"]
     assert m["max_tokens"] == B
-    assert [(m["results"][L]["tokens"], m["results"][L]["windows"]) for L in ("96", "160")] == [(B, 205), (B, 123)]
-    assert "differ" not in capsys.readouterr().err
-    # the same NLL as the documented windows, computed here: 205 windows of 96 tokens
+    assert [(m["results"][L]["tokens"], m["results"][L]["windows"], m["results"][L]["short_window"])
+            for L in ("96", "160")] == [(B, 206, 64), (B, 124, 0)]
+    assert "the last window is shorter at L=96 (64 tokens), 0.32% of the scored tokens at most" in \
+        capsys.readouterr().err
+    # the same NLL as the documented windows, computed here in float64
     model, _ = load_checkpoint(env.ckpts["pope"], device="cpu")
     ids = torch.from_numpy(env.val_ids[:B + 1].astype(np.int64))
-    with torch.no_grad():
-        _, loss = model(ids[:-1].view(-1, 96), ids[1:].view(-1, 96))
-    assert abs(m["results"]["96"]["nll"] - loss.item()) < 1e-5
+    for L in (96, 160):
+        ref = window_nll64(model, ids, L, B)
+        assert len(ref) == B
+        assert abs(m["results"][str(L)]["nll"] - sum(v for _, v in ref) / B) < 1e-5
 
 
-def test_budget_falls_back_when_the_lcm_does_not_fit(env, tmp_path, capsys):
-    # an explicit cap below lcm(96, 160) = 480: B = the cap, and the lengths score different counts
+def test_explicit_cap_is_floored_to_the_longest_length(env, tmp_path, capsys):
+    # a cap of 400 with lengths 96 and 160: B = 320 at both; 96 scores 3 windows and one of 32
     _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", env.val, "--lengths", "96,160",
                       "--max_tokens", "400"], tmp_path)
     m = js["models"]["out-pope"]
-    assert m["max_tokens"] == 400
-    assert [m["results"][L]["tokens"] for L in ("96", "160")] == [384, 320]
-    err_lines = [x for x in capsys.readouterr().err.splitlines() if "differ" in x]
-    assert len(err_lines) == 1
-    assert "(lcm 480) fits in 400 tokens" in err_lines[0] and "320 (L=160) to 384" in err_lines[0]
-    assert "16.67% apart" in err_lines[0]
-    # data shorter than the lcm, no cap given: the largest multiple of the longest length that fits
+    assert m["max_tokens"] == 320
+    assert [(m["results"][L]["tokens"], m["results"][L]["short_window"]) for L in ("96", "160")] == [(320, 32),
+                                                                                                    (320, 0)]
+    assert "L=96 (32 tokens), 10.00% of the scored tokens at most" in capsys.readouterr().err
+    # data of 400 tokens, no cap given: the largest multiple of the longest length below the 399 targets
     ddir = tmp_path / "short"
     ddir.mkdir()
     (ddir / "meta.json").write_text(json.dumps(env.meta))
@@ -317,8 +339,38 @@ def test_budget_falls_back_when_the_lcm_does_not_fit(env, tmp_path, capsys):
     _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", str(ddir / "val.bin"), "--lengths", "96,160"],
                      tmp_path, "short.json")
     m = js["models"]["out-pope"]
-    assert m["max_tokens"] == 320 and [m["results"][L]["tokens"] for L in ("96", "160")] == [288, 320]
-    assert "(lcm 480) fits in 399 tokens" in capsys.readouterr().err
+    assert m["max_tokens"] == 320 and [m["results"][L]["tokens"] for L in ("96", "160")] == [320, 320]
+
+
+@pytest.mark.parametrize("pe", ["pope", "rope"])
+def test_position_buckets_against_a_float64_reference(env, tmp_path, pe):
+    """The mean NLL per position bucket at every length, against per-token NLLs computed here in float64 from the
+    documented windows: a random stretch of the val stream (seeded), lengths 48 and 80 (48 ends in a short
+    window of 16), buckets of 20 (the last bucket of 48 is 8 positions)."""
+    seed = 1234
+    rng = np.random.default_rng(seed)
+    a = int(rng.integers(0, len(env.val_ids) - 1000))
+    d = tmp_path / "ds"
+    d.mkdir()
+    (d / "meta.json").write_text(json.dumps(env.meta))
+    env.val_ids[a:a + 1000].tofile(d / "val.bin")
+    B = 400
+    _, js = run_eval(["--ckpt", env.ckpts[pe], "--data", str(d / "val.bin"), "--lengths", "48,80",
+                      "--max_tokens", str(B), "--bucket_size", "20"], tmp_path)
+    m = js["models"][f"out-{pe}"]
+    model, _ = load_checkpoint(env.ckpts[pe], device="cpu")
+    ids = torch.from_numpy(env.val_ids[a:a + B + 1].astype(np.int64))
+    for L in (48, 80):
+        ref = window_nll64(model, ids, L, B)
+        rows = m["results"][str(L)]["buckets"]
+        assert [(b["start"], b["end"]) for b in rows] == [(s, min(s + 20, L)) for s in range(0, L, 20)]
+        for b in rows:
+            vals = [v for p, v in ref if b["start"] <= p < b["end"]]
+            assert b["tokens"] == len(vals), (seed, L, b)
+            assert abs(b["nll"] - sum(vals) / len(vals)) < 1e-5, (seed, L, b, sum(vals) / len(vals))
+        # a trained model: the buckets differ (little context in the first), so a mix-up of positions shows
+        assert max(b["nll"] for b in rows) - min(b["nll"] for b in rows) > 0.01, (seed, L, rows)
+    assert [b["tokens"] for b in m["results"]["48"]["buckets"]] == [8 * 20 + 16, 8 * 20, 8 * 8]
 
 
 def test_plot(env, tmp_path, capsys):
@@ -326,7 +378,10 @@ def test_plot(env, tmp_path, capsys):
     png = tmp_path / "p.png"
     run_eval(["--ckpt", env.ckpts["pope"], "--data", env.val, "--lengths", "32,64", "--max_tokens", "128",
               "--plot", str(png)], tmp_path)
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {png}" in capsys.readouterr().out
+    head = png.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {png}" in capsys.readouterr().out
+    width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+    assert width > 2.5 * height  # two panels side by side: perplexity by length, NLL by position
     assert sorted(os.listdir(tmp_path)) == ["p.png", "r.json"]  # no temp files left
 
 
@@ -358,7 +413,7 @@ def test_help(capsys):
         ex.main(["--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    assert "Usage:" in out and "--yarn_scale" in out and "Which tokens are scored" in out
+    assert "Usage:" in out and "--yarn_scale" in out and "Scored tokens: the same B targets" in out
 
 
 def test_labels_and_nope_checkpoint_built_in_test(env, tmp_path):

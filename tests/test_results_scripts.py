@@ -1,5 +1,7 @@
-"""results/summarize.py: tables from eval.json, metrics.jsonl and training logs (take-off steps, mean ± std)."""
+"""results/summarize.py: tables from eval.json, metrics.jsonl and training logs (take-off steps, mean ± std);
+results/check_numbers.py: the file that holds each number of a markdown page, or NO FILE."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +43,71 @@ def test_mean_and_std_over_seeds(tmp_path):
     rows = summarize(*sorted(tmp_path.glob("seed*-pope/eval.json")))
     assert rows["seed102-pope"] == ["100", "0.4000", "40.00"]
     assert rows["pope"] == ["3", "0.5000 ± 0.3606", "50.00 ± 36.06"]  # stdev([.2,.4,.9]) = 0.36056
+
+
+def check_numbers(tmp_path, *args):
+    r = subprocess.run([sys.executable, str(REPO / "results" / "check_numbers.py"), *map(str, args)],
+                       capture_output=True, text=True, cwd=tmp_path)
+    rows = [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in r.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| file:line")]
+    return r.returncode, [(row[0], row[1], row[2], row[4]) for row in rows]
+
+
+def test_check_numbers_finds_each_number_or_says_no_file(tmp_path):
+    """A made-up RESULTS.md and results/ tree: every number the rule counts, with the file that holds it
+    (the same digits, or a value that rounds to it), only the files its section names, or NO FILE."""
+    run = tmp_path / "results" / "run"
+    run.mkdir(parents=True)
+    (run / "eval.json").write_text(json.dumps({"test": {"acc": 0.87491, "loss": 1.23456}, "mem_mb": 774.3}))
+    (run / "train.log").write_text("step 500: val loss 0.5649\nthroughput 398875 tok/s\n")
+    (tmp_path / "results" / "other").mkdir()
+    (tmp_path / "results" / "other" / "x.txt").write_text("loss 1.0\n")
+    (tmp_path / "results" / "README.md").write_text("made up: 99.99\n")  # a page written by hand: no source
+    (tmp_path / "results" / "run.sh").write_text("echo 42.42\n")  # a script: no source
+    doc = tmp_path / "RESULTS.md"
+    doc.write_text("""# Results
+
+Paper: arXiv 2509.10534. Measured 2026-11-30, commit 4ca9acc and 4512832, torch 2.11.0, on 2 H200s.
+
+## 1. Task
+
+Model: 6 layers, 8 heads, 384 wide, 1,200 steps of 32 × 512 tokens, seeds 1337 / 1338, batch 64,
+10× the context. Test accuracy 87.49% and loss 1.235 (`results/run/eval.json`), peak 774 MB; throughput
+398,875 tok/s (`results/run/`). Val loss 0.565 (paper: 0.4889), lower on 2 of 3 pairs.
+
+    python train.py --lr 3.14159
+
+```
+12.345 in a fenced block
+```
+
+| model | accuracy | paper |
+|---|---:|---:|
+| 2048 | 87.5% | 94.82% |
+| paper | 11.16% | 1.5 |
+
+## 2. Other
+
+Only `results/other/x.txt` here: 0.5649 is in the run folder, which this section does not name; 1.0 is here.
+
+## 3. No path named: every source is checked
+
+A mean 42.42 and 99.99; 0.5649 again.
+""")
+    rc, rows = check_numbers(tmp_path, doc, "--results", tmp_path / "results")
+    assert rc == 0
+    assert rows == [
+        ("RESULTS.md:8", "1. Task", "87.49%", "results/run/eval.json (≈ 0.87491 × 100)"),
+        ("RESULTS.md:8", "1. Task", "1.235", "results/run/eval.json (≈ 1.23456)"),
+        ("RESULTS.md:8", "1. Task", "774", "results/run/eval.json (≈ 774.3)"),
+        ("RESULTS.md:9", "1. Task", "398,875", "results/run/train.log"),
+        ("RESULTS.md:9", "1. Task", "0.565", "results/run/train.log (≈ 0.5649)"),
+        ("RESULTS.md:19", "1. Task", "87.5%", "results/run/eval.json (≈ 0.87491 × 100)"),
+        ("RESULTS.md:24", "2. Other", "0.5649", "NO FILE"),
+        ("RESULTS.md:24", "2. Other", "1.0", "results/other/x.txt"),
+        ("RESULTS.md:28", "3. No path named: every source is checked", "42.42", "NO FILE"),  # scripts and pages
+        ("RESULTS.md:28", "3. No path named: every source is checked", "99.99", "NO FILE"),  # are no sources
+        ("RESULTS.md:28", "3. No path named: every source is checked", "0.5649", "results/run/train.log"),
+    ]
+    rc, rows = check_numbers(tmp_path, doc, "--results", tmp_path / "results", "--missing", "--strict")
+    assert rc == 1 and [r[2] for r in rows] == ["0.5649", "42.42", "99.99"]
