@@ -89,14 +89,24 @@ def _dot(a, b, acc, DOT_PREC: tl.constexpr):
 
 
 def _interpreter_int(x):
-    # Triton 3.6's interpreter keeps scalars as 1-element arrays, which numpy
-    # >= 2.4 no longer turns into a range() bound: the loops below convert
-    # their bounds with this under the interpreter (compiled code never calls it)
     return int(x.handle.data.reshape(-1)[0]) if hasattr(x, "handle") else int(x)
 
 
 if hasattr(triton, "constexpr_function"):  # lets compiled kernels name it
     _interpreter_int = triton.constexpr_function(_interpreter_int)
+
+
+@triton.jit
+def _loop_bounds(lo, hi):
+    # Triton 3.6's interpreter keeps scalars as 1-element arrays, which numpy >= 2.4
+    # no longer takes as a range() bound, and turns every value assigned to a name
+    # back into one: the inner loops take (lo, hi) from here, as a tuple, and
+    # convert under the interpreter only
+    if _INTERPRETED:
+        bounds = (_interpreter_int(lo), _interpreter_int(hi))
+    else:
+        bounds = (lo, hi)
+    return bounds
 
 
 @triton.jit
@@ -225,10 +235,7 @@ def _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, V, svs, svd, lo, hi, TK, qk_scal
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
                CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
     offs_d = tl.arange(0, HEAD_DIM)
-    if _INTERPRETED:  # (the interpreter turns every assigned value into a tensor again)
-        lo_hi = (_interpreter_int(lo), _interpreter_int(hi))
-    else:
-        lo_hi = (lo, hi)
+    lo_hi = _loop_bounds(lo, hi)
     for start_n in range(lo_hi[0], lo_hi[1], BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kmask = offs_n < TK
@@ -305,10 +312,7 @@ def _dkdv_inner(dkc, dks, dv, kc, ks, v, offs_n, QC, DO, sdot, sdod, LSE, DI,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
                 DOT_PREC: tl.constexpr):
     offs_d = tl.arange(0, HEAD_DIM)
-    if _INTERPRETED:  # (the interpreter turns every assigned value into a tensor again)
-        lo_hi = (_interpreter_int(lo), _interpreter_int(hi))
-    else:
-        lo_hi = (lo, hi)
+    lo_hi = _loop_bounds(lo, hi)
     for start_m in range(lo_hi[0], lo_hi[1], BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         rows = offs_m < TQ
@@ -402,10 +406,7 @@ def _dq_inner(dqc, dqs, qc, qs, do, lse, di, qpos, KC, V, svt, svd,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
               CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
     offs_d = tl.arange(0, HEAD_DIM)
-    if _INTERPRETED:  # (the interpreter turns every assigned value into a tensor again)
-        lo_hi = (_interpreter_int(lo), _interpreter_int(hi))
-    else:
-        lo_hi = (lo, hi)
+    lo_hi = _loop_bounds(lo, hi)
     for start_n in range(lo_hi[0], lo_hi[1], BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kmask = offs_n < TK
