@@ -30,11 +30,11 @@ import torch.nn.functional as F
 
 import pope_kernel as pk
 import model as model_lib
-from model import GPT, GPTConfig, pope_attention_torch, pope_delta
+from model import GPT, GPTConfig, pope_attention_torch, pope_delta, pope_frequencies
 
 
 def kernel_attention(q, k, v, delta, **kw):  # what model.py runs on CUDA
-    return pk.pope_attention(q, k, v, pope_delta(delta), **kw)
+    return pk.pope_attention(q, k, v, pope_delta(delta), pope_frequencies(q.size(-1), device=q.device), **kw)
 
 
 def torch_attention(q, k, v, delta, **kw):  # model.py's PyTorch path
@@ -433,10 +433,10 @@ def aot_report(cases, all_configs=True, capability=90):
             case = f"D={D} {str(dtype)[6:]} Tq={Tq} Tk={Tk}" + (" k_is_mu" if k_is_mu else "")
             q, do = (torch.randn(B, H, Tq, D, dtype=dtype) for _ in range(2))
             k, v = (torch.randn(B, H, Tk, D, dtype=dtype) for _ in range(2))
-            args = (torch.zeros(H, D), causal, D ** -0.5, 10000.0, q_offset, k_is_mu)
+            args = (torch.zeros(H, D), model_lib.pope_frequencies(D), causal, D ** -0.5, q_offset, k_is_mu)
             out, lse = pk._fwd(q, k, v, *args)
             if Tq > pk._DECODE_MAX_TQ:
-                pk._bwd(do, q, k, v, *args[:1], out, lse, *args[1:])
+                pk._bwd(do, q, k, v, *args[:2], out, lse, *args[2:])
     finally:
         pk._launch, pk._cartesian_kernel, pk._AUTOTUNE = saved
     return rows

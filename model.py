@@ -81,13 +81,12 @@ class GPTConfig:
 # the PyTorch path builds those and calls SDPA. Values, softmax and the causal
 # mask are unchanged.
 #
-# The fused kernel (pope_kernel.py) computes the same thing from the same
-# inputs: its @triton.jit helpers _softplus (magnitudes), _cos_sin and
-# _cartesian_tile (phases and the Cartesian vectors) and _cartesian_grad (their
-# backward) are its copy of pope_frequencies/pope_cartesian below, and it takes
-# delta already bounded by pope_delta. To try a variant: edit this section, run
-# with --attn_impl=torch (the PyTorch path, on any device), and only then port
-# the change to those helpers; tests/test_kernel.py fails while the two differ.
+# The fused kernel (pope_kernel.py) takes theta from pope_frequencies and delta
+# from pope_delta; its @triton.jit helpers _softplus, _cos_sin, _cartesian_tile
+# and _cartesian_grad (the backward) are its copy of pope_magnitude and
+# pope_cartesian. To try a variant: edit this section, run with --attn_impl=torch
+# (the PyTorch path, on any device), then port the change to those helpers;
+# tests/test_kernel.py fails while the two differ.
 
 def pope_magnitude(x):
     """mu = softplus(x): every path's magnitudes (the kernel's copy: _softplus)."""
@@ -95,7 +94,7 @@ def pope_magnitude(x):
 
 
 def pope_frequencies(D, base=10000.0, device=None, dtype=torch.float32):
-    """theta_c = base^(-c/D) for c = 0..D-1, rounded once from float64 (one kernel)."""
+    """theta_c = base^(-c/D) for c = 0..D-1, rounded once from float64 (the kernel's too)."""
     return torch.logspace(0, -(D - 1) / D, D, base=base, device=device, dtype=torch.float64).to(dtype)
 
 
@@ -275,7 +274,7 @@ class CausalSelfAttention(nn.Module):
         q, k = self.q_probe(q), self.k_probe(k)  # identities: hook points for analysis (eval_frequencies.py)
         delta = pope_delta(self.delta, self.delta_bound) if self.pos_emb == "pope" else None
         if delta is not None and cache is None and self.kernel(q, k, v, delta):  # training, evaluation on CUDA
-            y = pope_kernel.pope_attention(q, k, v, delta, base=self.pope_base)
+            y = pope_kernel.pope_attention(q, k, v, delta, pope_frequencies(self.head_dim, self.pope_base, q.device))
         else:  # one SDPA call; with a cache, over all its slots, those past each query masked
             pos = torch.arange(T, device=x.device) if cache is None else cache.positions
             if delta is not None:  # pope_attention_torch's Cartesian q and k; the cache keeps the keys' form

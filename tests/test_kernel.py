@@ -72,6 +72,11 @@ def rel_err(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
+def theta(D):
+    from model import pope_frequencies  # the model's frequencies, as model.py hands them to the kernel
+    return pope_frequencies(D)
+
+
 def run_both(B, H, Tq, Tk, D, dtype, causal=True, q_offset=0, k_is_mu=False, seed=0):
     g = torch.Generator().manual_seed(seed)
     q, k, v, do = (torch.randn(B, H, T, D, generator=g) for T in (Tq, Tk, Tk, Tq))
@@ -80,13 +85,13 @@ def run_both(B, H, Tq, Tk, D, dtype, causal=True, q_offset=0, k_is_mu=False, see
     delta = torch.empty(H, D).uniform_(-8.0, 1.0, generator=g)  # any phase bias: the kernel takes it as given
     kw = dict(causal=causal, q_offset=q_offset, k_is_mu=k_is_mu)
 
-    def grads(fn, dt):
+    def grads(fn, dt, *extra):
         xs = [x.to(dt).requires_grad_(True) for x in (q, k, v)]
         xs.append(delta.to(torch.float64 if dt == torch.float64 else torch.float32).requires_grad_(True))
-        out = fn(*xs, **kw)
+        out = fn(*xs, *extra, **kw)
         return [out] + list(torch.autograd.grad(out, xs, do.to(dt)))
 
-    return grads(pk.pope_attention, dtype), grads(pope_einsum_f64, torch.float64)
+    return grads(pk.pope_attention, dtype, theta(D)), grads(pope_einsum_f64, torch.float64)
 
 
 def check(got, ref, dtype, what):
@@ -180,7 +185,7 @@ def test_unsupported_input_says_what_is_supported():
     reason = pk.kernel_unsupported_reason(q, q, q, delta)
     assert reason is not None and "head dim 48" in reason and "32, 64 or 128" in reason
     with pytest.raises(pk.PopeKernelUnsupported, match="32, 64 or 128"):
-        pk.pope_attention(q, q, q, delta)
+        pk.pope_attention(q, q, q, delta, theta(48))
     q = torch.randn(1, 2, 8, 64, dtype=torch.float64)
     assert "float64" in pk.kernel_unsupported_reason(q, q, q, torch.zeros(2, 64))
     q = torch.randn(1, 2, 8, 64)
@@ -195,7 +200,7 @@ def test_cpu_without_interpreter_is_unsupported():
     reason = pk.kernel_unsupported_reason(q, q, q, torch.zeros(2, 64))
     assert reason is not None and "TRITON_INTERPRET=1" in reason
     with pytest.raises(pk.PopeKernelUnsupported, match="TRITON_INTERPRET=1"):
-        pk.pope_attention(q, q, q, torch.zeros(2, 64))
+        pk.pope_attention(q, q, q, torch.zeros(2, 64), theta(64))
 
 
 @parent_only
@@ -268,15 +273,43 @@ def test_kernel_equals_the_pytorch_path_of_model_py(dtype):
     k, v = (torch.randn(2, 2, Tq + off, D, generator=g).to(dtype) for _ in range(2))
     delta = torch.empty(2, D).uniform_(-8.0, 1.0, generator=g)
 
-    def run(fn):
+    def run(fn, *extra):
         xs = [x.clone().requires_grad_(True) for x in (q, k, v, delta)]
-        out = fn(xs[0], xs[1], xs[2], pope_delta(xs[3]), q_offset=off)
+        out = fn(xs[0], xs[1], xs[2], pope_delta(xs[3]), *extra, q_offset=off)
         return [out] + list(torch.autograd.grad(out, xs, do))
 
-    got, ref = run(pk.pope_attention), run(pope_attention_torch)
+    got, ref = run(pk.pope_attention, theta(D)), run(pope_attention_torch)
     for name, a, b in zip(["out", "dq", "dk", "dv", "ddelta"], got, ref):
         bound = BOUND[dtype][0 if name == "out" else 2 if name == "ddelta" else 1] * (1 if dtype == torch.float32 else 2)
         assert rel_err(a, b) < bound, f"seed {seed}: {name} differs, rel err {rel_err(a, b):.2e} (Tq={Tq} off={off} D={D})"
+
+
+@interpreted
+def test_the_kernel_takes_the_models_frequencies(monkeypatch):
+    """theta has one definition, model.pope_frequencies: a forker who changes it
+    (here to RoPE's spacing, base^(-2c/D)) changes the model's attention, and the
+    kernel path (attn_impl="triton") still equals the PyTorch path."""
+    import model as model_lib
+    torch.manual_seed(15)
+    attn = model_lib.GPT(model_lib.GPTConfig(n_layer=1, n_head=2, n_embd=64, block_size=32, vocab_size=16,
+                                             pope_delta_init="uniform", attn_impl="torch")).transformer.h[0].attn
+    x = torch.randn(2, 25, 64)
+
+    def both():
+        attn.attn_impl = "torch"
+        ref = attn(x)
+        attn.attn_impl = "triton"
+        return attn(x), ref
+
+    with torch.no_grad():
+        got, before = both()
+        assert rel_err(got, before) < 1e-5, f"seed=15: {rel_err(got, before):.2e}"
+        monkeypatch.setattr(model_lib, "pope_frequencies",
+                            lambda D, base=10000.0, device=None, dtype=torch.float32:
+                            torch.logspace(0, -2 * (D - 1) / D, D, base=base, device=device, dtype=dtype))
+        got, ref = both()
+    assert rel_err(ref, before) > 1e-2, "seed=15: the patch changed nothing"
+    assert rel_err(got, ref) < 1e-5, f"seed=15: the kernel ignores model.pope_frequencies ({rel_err(got, ref):.2e})"
 
 
 @interpreted
@@ -286,7 +319,7 @@ def test_strided_inputs_from_a_fused_projection():
     qkv = torch.randn(B, T, 3 * H * D)
     q, k, v = (x.view(B, T, H, D).transpose(1, 2) for x in qkv.split(H * D, dim=2))
     delta = torch.empty(H, D).uniform_(-6.0, 0.0)
-    out = pk.pope_attention(q, k, v, delta)
+    out = pk.pope_attention(q, k, v, delta, theta(D))
     ref = pope_einsum_f64(q.double(), k.double(), v.double(), delta.double())
     assert rel_err(out, ref) < BOUND[torch.float32][0]
 
@@ -306,7 +339,7 @@ def test_compiles_without_graph_break():
         return [out.detach()] + [x.grad for x in xs]
 
     def f(q, k, v, d):
-        return pk.pope_attention(q, k, v, d) * 2.0
+        return pk.pope_attention(q, k, v, d, theta(32)) * 2.0
 
     eager = run(f)
     compiled = run(torch.compile(f, fullgraph=True, backend="aot_eager"))
@@ -332,7 +365,7 @@ def test_backward_holds_one_2d_long_copy_at_a_time(monkeypatch):
     real = pk._cartesian
     monkeypatch.setattr(pk, "_cartesian", tracking)
     q, k, v = (torch.randn(1, 2, 20, 32, requires_grad=True) for _ in range(3))
-    out = pk.pope_attention(q, k, v, torch.zeros(2, 32))
+    out = pk.pope_attention(q, k, v, torch.zeros(2, 32), theta(32))
     made.clear()  # the forward's keys are gone by now too, but only the backward is asserted
     out.sum().backward()
     assert len(made) == 2
