@@ -30,11 +30,11 @@ import torch.nn.functional as F
 
 import pope_kernel as pk
 import model as model_lib
-from model import GPT, GPTConfig, pope_attention_torch, pope_delta
+from model import GPT, GPTConfig, apply_rope, pope_attention_torch, pope_delta, pope_frequencies
 
 
 def kernel_attention(q, k, v, delta, **kw):  # what model.py runs on CUDA
-    return pk.pope_attention(q, k, v, pope_delta(delta), **kw)
+    return pk.pope_attention(q, k, v, pope_delta(delta), pope_frequencies(q.size(-1), device=q.device), **kw)
 
 
 def torch_attention(q, k, v, delta, **kw):  # model.py's PyTorch path
@@ -144,11 +144,6 @@ def peak_mb(fn):
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def rope(x, cos, sin):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
 def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
     dtype = torch.bfloat16
     header("attention, causal, bf16, median ms")
@@ -158,9 +153,8 @@ def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
     for B, H, T, D in shapes:
         q, k, v, delta, do = inputs(B, H, T, T, D, dtype, seed=T)
         q2, k2, v2, _, do2 = inputs(B, H, T, T, 2 * D, dtype, seed=T + 1)
-        inv = 1.0 / 10000.0 ** (torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D)
-        ang = torch.arange(T, device="cuda", dtype=torch.float32)[:, None] * inv[None, :]
-        cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+        # RoPE as model.py runs it: apply_rope makes its angles on every call
+        inv, pos = model_lib.yarn_inv_freq(D, 10000.0, 1.0, T)[0].cuda(), torch.arange(T, device="cuda")
         ref = grads(torch_attention, q, k, v, delta, do, torch.float32)
         got = grads(kernel_attention, q, k, v, delta, do)
         print(f"{'  kernel vs fp32 path':26s} {f'{B},{H},{T},{D}':14s} rel err out/dq/dk/dv/ddelta "
@@ -170,8 +164,8 @@ def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
         paths = {  # name: (fn, depth of the score dot, depth of PV, dO)
             "pope kernel": (lambda: kernel_attention(q, k, v, delta), 2 * D, D, do),
             "pope torch (cart.+SDPA)": (lambda: torch_attention(q, k, v, delta), 2 * D, D, do),
-            f"rope+SDPA d={D}": (lambda: F.scaled_dot_product_attention(rope(q, cos, sin), rope(k, cos, sin), v,
-                                                                       is_causal=True), D, D, do),
+            f"rope+SDPA d={D}": (lambda: F.scaled_dot_product_attention(
+                apply_rope(q, inv, pos), apply_rope(k, inv, pos), v, is_causal=True), D, D, do),
             f"SDPA d={2 * D}": (lambda: F.scaled_dot_product_attention(q2, k2, v2, is_causal=True), 2 * D, 2 * D, do2),
         }
         for name, (f, dqk, dv_, g) in paths.items():
@@ -433,10 +427,10 @@ def aot_report(cases, all_configs=True, capability=90):
             case = f"D={D} {str(dtype)[6:]} Tq={Tq} Tk={Tk}" + (" k_is_mu" if k_is_mu else "")
             q, do = (torch.randn(B, H, Tq, D, dtype=dtype) for _ in range(2))
             k, v = (torch.randn(B, H, Tk, D, dtype=dtype) for _ in range(2))
-            args = (torch.zeros(H, D), causal, D ** -0.5, 10000.0, q_offset, k_is_mu)
+            args = (torch.zeros(H, D), model_lib.pope_frequencies(D), causal, D ** -0.5, q_offset, k_is_mu)
             out, lse = pk._fwd(q, k, v, *args)
             if Tq > pk._DECODE_MAX_TQ:
-                pk._bwd(do, q, k, v, *args[:1], out, lse, *args[1:])
+                pk._bwd(do, q, k, v, *args[:2], out, lse, *args[2:])
     finally:
         pk._launch, pk._cartesian_kernel, pk._AUTOTUNE = saved
     return rows

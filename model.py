@@ -11,7 +11,6 @@ Usage (as a library):
     model, ckpt = load_checkpoint("out/ckpt.pt", device="cuda")
 """
 
-import inspect
 import math
 import os
 import time
@@ -81,13 +80,12 @@ class GPTConfig:
 # the PyTorch path builds those and calls SDPA. Values, softmax and the causal
 # mask are unchanged.
 #
-# The fused kernel (pope_kernel.py) computes the same thing from the same
-# inputs: its @triton.jit helpers _softplus (magnitudes), _cos_sin and
-# _cartesian_tile (phases and the Cartesian vectors) and _cartesian_grad (their
-# backward) are its copy of pope_frequencies/pope_cartesian below, and it takes
-# delta already bounded by pope_delta. To try a variant: edit this section, run
-# with --attn_impl=torch (the PyTorch path, on any device), and only then port
-# the change to those helpers; tests/test_kernel.py fails while the two differ.
+# The fused kernel (pope_kernel.py) takes theta from pope_frequencies and delta
+# from pope_delta; its @triton.jit helpers _softplus, _cos_sin, _cartesian_tile
+# and _cartesian_grad (the backward) are its copy of pope_magnitude and
+# pope_cartesian. To try a variant: edit this section, run with --attn_impl=torch
+# (the PyTorch path, on any device), then port the change to those helpers;
+# tests/test_kernel.py fails while the two differ.
 
 def pope_magnitude(x):
     """mu = softplus(x): every path's magnitudes (the kernel's copy: _softplus)."""
@@ -95,21 +93,18 @@ def pope_magnitude(x):
 
 
 def pope_frequencies(D, base=10000.0, device=None, dtype=torch.float32):
-    """theta_c = base^(-c/D) for c = 0..D-1, rounded once from float64 (one kernel)."""
+    """theta_c = base^(-c/D) for c = 0..D-1, rounded once from float64 (the kernel's too)."""
     return torch.logspace(0, -(D - 1) / D, D, base=base, device=device, dtype=torch.float64).to(dtype)
 
 
 def pope_delta(delta, bound="wrap"):
-    """The phase bias the attention uses, in [-2pi, 0] as the paper asks.
-
-    cos is 2pi-periodic and [-2pi, 0] is one period, so every phase has a value
-    in the range. "wrap" (default) maps the parameter into (-2pi, 0] modulo 2pi:
-    the score is a smooth function of the parameter, whose gradient is never cut.
-    "clamp" (torch.clamp) has zero gradient outside the range; from the language
-    models' zero init, AdamW's first steps push most entries above 0, where they
-    stay, frozen at 0. "project" clamps here too, and train.py clamps the
-    parameter back in place after every step (GPT.project_delta_), so entries
-    keep a gradient but sit pinned at the edge. RESULTS.md, section 7, compares them."""
+    """The phase bias the attention uses, in [-2pi, 0] (one period of cos) as the
+    paper asks. "wrap" (default) maps the parameter into (-2pi, 0] modulo 2pi: the
+    score is smooth in it and its gradient never cut. "clamp" has zero gradient
+    outside the range: from the zero init, AdamW's first steps push most entries
+    above 0, where they stay, frozen. "project" clamps here and train.py clamps the
+    parameter after every step (GPT.project_delta_): entries keep a gradient but
+    sit pinned at the edge. RESULTS.md, section 7, compares the three."""
     if bound == "wrap":
         return delta - TWO_PI * torch.ceil(delta.detach() / TWO_PI)
     return torch.clamp(delta, -TWO_PI, 0.0)
@@ -130,13 +125,11 @@ def pope_cartesian(x, positions, delta=None, base=10000.0, is_mu=False):
 
 
 def pope_attention_torch(q, k, v, delta, *, causal=True, sm_scale=None, base=10000.0, q_offset=0, k_is_mu=False):
-    """PoPE attention in plain PyTorch: Cartesian 2D-long q and k, then SDPA.
-
-    q: (B, H, Tq, D); k, v: (B, H, Tk, D); delta: (H, D), used as given (bound it
-    with pope_delta first). Query row i sits at position q_offset + i, key row j
-    at j (SDPA's is_causal aligns top-left: offsets get a mask). k_is_mu: k holds
-    mu_k. Never builds a (Tq, Tk, D) tensor; the 2D vectors are cast to v's
-    dtype so that SDPA runs its fused kernels under bf16."""
+    """PoPE attention in plain PyTorch, with pope_kernel.pope_attention's contract.
+    q (B, H, Tq, D); k, v (B, H, Tk, D); delta (H, D), used as given (bound it with
+    pope_delta first). Query row i sits at position q_offset + i, key row j at j
+    (SDPA's is_causal aligns top-left: offsets get a mask); k_is_mu: k holds mu_k.
+    The 2D vectors are cast to v's dtype, so that SDPA runs its fused bf16 kernels."""
     qpos = torch.arange(q_offset, q_offset + q.size(2), device=q.device)
     kpos = torch.arange(k.size(2), device=q.device)
     qc = pope_cartesian(q, qpos, None, base).to(v.dtype)
@@ -150,16 +143,13 @@ def pope_attention_torch(q, k, v, delta, *, causal=True, sm_scale=None, base=100
 # RoPE, with YaRN (Peng et al., arXiv 2309.00071) for longer contexts
 
 def yarn_inv_freq(head_dim, base, scale, orig_len, beta_fast=32.0, beta_slow=1.0):
-    """RoPE inverse frequencies under YaRN, and the logit factor mscale^2.
-
-    Pair i has theta_i = base^(-2i/D). YaRN's published form (its reference code and
-    Hugging Face transformers'): the pair index where theta_i makes b rotations
-    over the original context is d(b) = D ln(L0 / (2 pi b)) / (2 ln base); with
-    low = max(floor(d(beta_fast)), 0) and high = min(ceil(d(beta_slow)), D - 1),
-    the ramp gamma_i = clip((i - low) / (high - low), 0, 1) over the pair index
-    gives theta_i' = (1 - gamma_i) theta_i + gamma_i theta_i / s: fast pairs are
-    kept, slow ones interpolated. Logits are multiplied by mscale^2 with mscale =
-    0.1 ln(s) + 1 (YaRN's sqrt(1/t)). At s = 1 this is plain RoPE."""
+    """RoPE inverse frequencies under YaRN, and the logit factor mscale^2, in YaRN's
+    published form (its reference code, Hugging Face's). Pair i, theta_i =
+    base^(-2i/D), makes b rotations over the original context L0 at pair index
+    d(b) = D ln(L0 / (2 pi b)) / (2 ln base). With low = max(floor(d(beta_fast)), 0),
+    high = min(ceil(d(beta_slow)), D - 1) and the ramp g_i = clip((i - low) / (high -
+    low), 0, 1): theta_i' = (1 - g_i) theta_i + g_i theta_i / s (fast pairs kept, slow
+    ones interpolated); mscale = 0.1 ln(s) + 1 (YaRN's sqrt(1/t)). s = 1: plain RoPE."""
     theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     if scale <= 1.0:
         return theta.float(), 1.0
@@ -185,14 +175,36 @@ def apply_rope(x, inv_freq, positions):
 # -----------------------------------------------------------------------------
 # the model
 
+def kernel_unsupported_reason(q, k, v, delta):
+    if pope_kernel is None:
+        return f"Triton is not importable: {KERNEL_IMPORT_ERROR}"
+    return pope_kernel.kernel_unsupported_reason(q, k, v, delta)
+
+
+def use_pope_kernel(attn_impl, q, k, v, delta):
+    """The one rule for which code runs PoPE's attention: (True, note) for the
+    fused kernel, (False, why not) for the PyTorch path. "auto" takes the kernel
+    for CUDA input it supports, "triton" always (pope_attention raises for input
+    it does not take: the note says why)."""
+    if attn_impl == "torch":
+        return False, "attn_impl='torch'"
+    if attn_impl == "auto" and not q.is_cuda:
+        return False, f"attn_impl='auto' on {q.device.type}; the kernel runs on CUDA"
+    reason = kernel_unsupported_reason(q, k, v, delta)
+    if attn_impl == "auto":
+        return reason is None, (f"attn_impl='auto'; the kernel does not take this model: {reason}" if reason else
+                                "attn_impl='auto' on CUDA; --attn_impl=torch runs model.py's PyTorch path")
+    if pope_kernel is None:
+        raise RuntimeError(f"attn_impl='triton' needs the PoPE kernel, but {reason}")
+    return True, "attn_impl='triton'" + (f"; it will refuse this input: {reason}" if reason else "")
+
+
 class KVCache:
-    """generate()'s static cache of `context` slots per layer. A forward of T
-    tokens writes its keys and values at positions pos..pos+T-1 and attends over
-    every slot, masking those past each query; pos, a tensor, advances in place,
-    so a one-token step can be replayed as a CUDA graph. Keys are stored ready
-    to use: RoPE's rotated, PoPE's as pope_cartesian's [mu_k cos(s theta + delta),
-    mu_k sin(s theta + delta)]. Per token and layer 3 n_embd numbers for PoPE,
-    2 n_embd for RoPE: 55,296 vs 36,864 bytes per token for 124M in bf16."""
+    """generate()'s static cache of `context` slots per layer. A forward of T tokens
+    writes its keys and values at positions pos..pos+T-1 and attends over every slot,
+    those past each query masked; pos, a tensor, advances in place, so a one-token
+    step can be replayed as a CUDA graph. Keys are kept ready to use: RoPE's rotated,
+    PoPE's Cartesian (pope_cartesian), 3 n_embd numbers per token and layer (RoPE 2)."""
 
     def __init__(self, model, B, context, dtype):
         cfg, device = model.config, model.lm_head.weight.device
@@ -214,34 +226,12 @@ class KVCache:
         return self.k[layer], self.v[layer]
 
 
-def kernel_unsupported_reason(q, k, v, delta):
-    if pope_kernel is None:
-        return f"Triton is not importable: {KERNEL_IMPORT_ERROR}"
-    return pope_kernel.kernel_unsupported_reason(q, k, v, delta)
-
-
-def use_pope_kernel(attn_impl, q, k, v, delta):
-    """(True, None) to run the fused kernel, or (False, why not)."""
-    if attn_impl == "torch":
-        return False, "attn_impl='torch'"
-    reason = kernel_unsupported_reason(q, k, v, delta)
-    if attn_impl == "triton" and pope_kernel is None:
-        raise RuntimeError(f"attn_impl='triton' needs the PoPE kernel, but {reason}")
-    if attn_impl == "triton" or (reason is None and q.is_cuda):
-        return True, None  # attn_impl='triton' with unsupported input: pope_attention raises why
-    return False, reason or "not a CUDA tensor"
-
-
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config, layer_idx):
         super().__init__()
-        self.layer_idx = layer_idx
-        self.n_head = config.n_head
-        self.head_dim = config.n_embd // config.n_head
-        self.pos_emb = config.pos_emb
-        self.attn_impl = config.attn_impl
-        self.pope_base = config.pope_base
+        self.layer_idx, self.n_head, self.head_dim = layer_idx, config.n_head, config.n_embd // config.n_head
+        self.pos_emb, self.attn_impl, self.pope_base = config.pos_emb, config.attn_impl, config.pope_base
         self.delta_bound = config.pope_delta_bound
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
@@ -255,18 +245,16 @@ class CausalSelfAttention(nn.Module):
         if self.pos_emb == "rope":
             self.set_rope_scaling(config.rope_base, config.rope_scaling,
                                   config.rope_scaling_orig_len or config.block_size)
-        self._warned = False
 
     def set_rope_scaling(self, base, scale, orig_len):
         inv_freq, mscale = yarn_inv_freq(self.head_dim, base, scale, orig_len)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", inv_freq.to(self.c_attn.weight.device), persistent=False)
         self.scale = mscale ** 2 / math.sqrt(self.head_dim)
 
     def kernel(self, q, k, v, delta):
         kernel, why = use_pope_kernel(self.attn_impl, q, k, v, delta)
-        if not kernel and q.is_cuda and self.attn_impl == "auto" and not self._warned:
+        if not kernel and q.is_cuda and self.attn_impl == "auto":  # (said once: Python's warnings filter)
             warnings.warn(f"PoPE Triton kernel not used ({why}); running the PyTorch path of model.py")
-            self._warned = True
         return kernel
 
     def forward(self, x, cache=None):
@@ -275,7 +263,7 @@ class CausalSelfAttention(nn.Module):
         q, k = self.q_probe(q), self.k_probe(k)  # identities: hook points for analysis (eval_frequencies.py)
         delta = pope_delta(self.delta, self.delta_bound) if self.pos_emb == "pope" else None
         if delta is not None and cache is None and self.kernel(q, k, v, delta):  # training, evaluation on CUDA
-            y = pope_kernel.pope_attention(q, k, v, delta, base=self.pope_base)
+            y = pope_kernel.pope_attention(q, k, v, delta, pope_frequencies(self.head_dim, self.pope_base, q.device))
         else:  # one SDPA call; with a cache, over all its slots, those past each query masked
             pos = torch.arange(T, device=x.device) if cache is None else cache.positions
             if delta is not None:  # pope_attention_torch's Cartesian q and k; the cache keeps the keys' form
@@ -356,31 +344,18 @@ class GPT(nn.Module):
 
     def attention_path(self, device=None):
         """One line for logs: which attention code runs on `device` (default: where
-        the weights are), and why."""
+        the weights are), and why: use_pope_kernel's rule for this model's heads."""
         cfg = self.config
-        device = torch.device(device or self.lm_head.weight.device)
         if cfg.pos_emb != "pope":
             return f"{cfg.pos_emb}: PyTorch SDPA (model.py)"
-        if cfg.attn_impl == "torch":
-            return "pope: the PyTorch path of model.py (attn_impl='torch')"
-        D = cfg.n_embd // cfg.n_head
-        probe = torch.zeros(1, cfg.n_head, 1, D, device=device)
-        why = kernel_unsupported_reason(probe, probe, probe, probe[0, :, 0])
-        if cfg.attn_impl == "triton":
-            return "pope: the fused Triton kernel of pope_kernel.py (attn_impl='triton')" + (
-                f"; it will refuse this input: {why}" if why else "")
-        if device.type != "cuda":
-            return f"pope: the PyTorch path of model.py (attn_impl='auto' on {device.type}; the kernel runs on CUDA)"
-        if why is None:
-            return ("pope: the fused Triton kernel of pope_kernel.py (attn_impl='auto' on CUDA; "
-                    "--attn_impl=torch runs model.py's PyTorch path)")
-        return f"pope: the PyTorch path of model.py (attn_impl='auto'; the kernel does not take this model: {why})"
+        probe = torch.zeros(1, cfg.n_head, 1, cfg.n_embd // cfg.n_head, device=device or self.lm_head.weight.device)
+        kernel, why = use_pope_kernel(cfg.attn_impl, probe, probe, probe, probe[0, :, 0])
+        return f"pope: the {'fused Triton kernel of pope_kernel.py' if kernel else 'PyTorch path of model.py'} ({why})"
 
     def forward(self, idx, targets=None, loss_mask=None, cache=None):
-        """idx (B, T) token ids. With targets (B, T) returns all logits and the mean
-        cross-entropy over the positions where loss_mask (B, T) is nonzero (all
-        positions without a mask). Without targets, returns the last position's
-        logits only (inference)."""
+        """idx (B, T) token ids. With targets (B, T): all logits and the mean cross-entropy
+        over the positions where loss_mask (B, T) is nonzero (all without a mask).
+        Without: the last position's logits only (inference)."""
         x = self.transformer.drop(self.transformer.wte(idx))
         if cache is not None:
             cache.start(idx.size(1))
@@ -392,11 +367,9 @@ class GPT(nn.Module):
         logits = self.lm_head(x)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), reduction="none")
         if loss_mask is None:
-            loss = loss.mean()
-        else:
-            m = loss_mask.reshape(-1).to(loss.dtype)
-            loss = (loss * m).sum() / m.sum().clamp(min=1.0)
-        return logits, loss
+            return logits, loss.mean()
+        m = loss_mask.reshape(-1).to(loss.dtype)
+        return logits, (loss * m).sum() / m.sum().clamp(min=1.0)
 
     def set_rope_scaling(self, scale, orig_len=None):
         """Switch YaRN on (scale > 1) or off (1.0) for every layer at eval time."""
@@ -408,29 +381,24 @@ class GPT(nn.Module):
         self.config.rope_scaling, self.config.rope_scaling_orig_len = float(scale), int(orig_len)
         for block in self.transformer.h:
             block.attn.set_rope_scaling(self.config.rope_base, scale, orig_len)
-            block.attn.inv_freq = block.attn.inv_freq.to(self.lm_head.weight.device)
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW with decay on 2-D weights (matmuls and the tied embedding, as in
-        nanoGPT); norms, biases and PoPE's delta (2-D, but a phase, not a weight)
-        are never decayed."""
-        params = {pn: p for pn, p in self.named_parameters() if p.requires_grad}
-        decay = [p for n, p in params.items() if p.dim() >= 2 and not n.endswith("attn.delta")]
-        no_decay = [p for n, p in params.items() if p.dim() < 2 or n.endswith("attn.delta")]
-        groups = [{"params": decay, "weight_decay": weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
-        use_fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({"fused": True} if use_fused else {}))
+        """AdamW with decay on 2-D weights (matmuls and the tied embedding, as in nanoGPT);
+        norms, biases and PoPE's delta (2-D, but a phase, not a weight) are never decayed."""
+        groups = [{"params": [], "weight_decay": weight_decay}, {"params": [], "weight_decay": 0.0}]
+        for n, p in self.named_parameters():
+            if p.requires_grad:
+                groups[p.dim() < 2 or n.endswith("attn.delta")]["params"].append(p)
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda" or None)
 
     def flops_per_token(self, T=None):
-        """Training FLOPs per token (forward + backward = 3x forward), nanoGPT's
-        count: 6N for the weights plus the attention matmuls. PoPE's QK^T runs
-        over 2D-long vectors, so its attention costs (2D + D) instead of (D + D)."""
+        """Training FLOPs per token (forward + backward = 3x forward), nanoGPT's count:
+        6N for the weights plus the attention matmuls. PoPE's QK^T runs over 2D-long
+        vectors, so its attention costs (2D + D) instead of (D + D)."""
         cfg = self.config
-        N = self.get_num_params()
         L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, T or cfg.block_size
         qk = 2 * Q if cfg.pos_emb == "pope" else Q
-        return 6 * N + 6 * L * H * (qk + Q) * T
+        return 6 * self.get_num_params() + 6 * L * H * (qk + Q) * T
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops=989e12):
         """Model FLOPs utilisation: achieved FLOP/s over peak_flops (default: the
@@ -441,13 +409,13 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, vocab_size=None, context=None,
                  mode="eager", times=None):
-        """Sample max_new_tokens continuations of idx (B, T) on a KVCache of
-        `context` positions (default block_size), then, once it is full, from
-        the last `context` tokens at positions 0.. (a forward per token). Ids >=
-        vocab_size are never drawn; temperature 0 or top_k=1 is greedy. mode
-        "eager" runs the one-token step from Python, "graph" (CUDA) replays it as
-        a CUDA graph, "compile" compiles it first: greedy tokens agree (bench.py
-        check). times (a dict) gets the seconds of prefill, capture, decode."""
+        """Sample max_new_tokens continuations of idx (B, T) on a KVCache of `context`
+        positions (default block_size), then, once it is full, from the last `context`
+        tokens at positions 0.. (a forward per token). Ids >= vocab_size are never drawn;
+        temperature 0 or top_k=1 is greedy. mode "eager" runs the one-token step from
+        Python, "graph" (CUDA) replays it as a CUDA graph, "compile" compiles it first
+        (greedy tokens agree: bench.py check). times (a dict) gets the seconds of
+        prefill, capture and decode."""
         device, N, (B, T0) = self.lm_head.weight.device, context or self.config.block_size, idx.shape
         if mode not in ("eager", "graph", "compile") or mode != "eager" and device.type != "cuda":
             raise ValueError(f"mode must be 'eager', or 'graph' or 'compile' on CUDA; got {mode!r} on {device}")
@@ -465,9 +433,9 @@ class GPT(nn.Module):
         step(idx)  # the prefill
         out[:, T0] = tok[:, 0]
         t1 = t2 = clock()
-        run, filled = None, T0
-        for t in range(T0 + 1, T0 + max_new_tokens):
-            if filled == N:  # the context is full
+        run = None
+        for t in range(T0 + 1, T0 + max_new_tokens):  # out[:, t - 1] goes in at position t - 1
+            if t > N:  # the context is full
                 cache.pos.zero_()
                 step(out[:, t - N:t])
             else:
@@ -476,7 +444,6 @@ class GPT(nn.Module):
                         run = step if mode == "eager" else cuda_graph(step, mode == "compile", cache.pos, tok)
                         t2 = clock()
                     run()
-                filled += 1
             out[:, t] = tok[:, 0]
         if times is not None:
             times.update(prefill=t1 - t0, capture=t2 - t1, decode=clock() - t2)
@@ -533,17 +500,18 @@ def sample_next(logits, temperature=1.0, top_k=None, vocab_size=None):
     return (probs / torch.empty_like(probs).exponential_().clamp_(min=1e-30)).argmax(dim=-1, keepdim=True)
 
 
+# -----------------------------------------------------------------------------
+# checkpoints
+
 class CheckpointError(ValueError):
     """A file that is not an intact train.py checkpoint; the message is one line."""
 
 
 def check_checkpoint_file(path):
-    """Refuse (CheckpointError) a checkpoint file that is empty, not a zip archive
-    (the format torch.save writes) or damaged: every member's CRC-32 is checked, so
-    a flipped byte in the tensor data is caught before anything loads it (testzip
-    reads the file once: about a second for a 124M checkpoint with its optimizer).
-    FileNotFoundError when there is no such file. train.py, load_checkpoint and so
-    every script that reads a checkpoint call it before torch.load."""
+    """Refuse (CheckpointError) a checkpoint file that is empty, not the zip archive
+    torch.save writes, or damaged: every member's CRC-32 is checked, so a flipped
+    byte is caught before anything loads it (about a second for 124M with its
+    optimizer). FileNotFoundError if there is none. Called before every torch.load."""
     if os.path.isdir(path):
         raise CheckpointError(f"{path} is a folder, not a checkpoint file (train.py writes out_dir/ckpt.pt)")
     if os.path.getsize(path) == 0:
@@ -559,13 +527,11 @@ def check_checkpoint_file(path):
 
 
 def _describe(obj):
-    if isinstance(obj, torch.Tensor):
-        return f"a bare tensor of shape {tuple(obj.shape)}"
     if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
         return f"a bare state_dict ({len(obj)} tensors such as {next(iter(obj))!r})"
     if isinstance(obj, dict):
         return f"a dict with the keys {sorted(map(str, obj))[:8]}"
-    return f"a {type(obj).__name__}"
+    return f"a bare tensor of shape {tuple(obj.shape)}" if isinstance(obj, torch.Tensor) else f"a {type(obj).__name__}"
 
 
 def checkpoint_model_args(ckpt, path="the file"):
@@ -579,22 +545,17 @@ def checkpoint_model_args(ckpt, path="the file"):
 
 
 def load_checkpoint(path, device="cpu", **overrides):
-    """Load a train.py checkpoint: returns (model in eval mode, checkpoint dict).
-    overrides replace GPTConfig fields (e.g. attn_impl="torch"). The file is read
-    with weights_only=True: tensors and plain types, never code; a damaged file is
-    refused first (check_checkpoint_file)."""
+    """Load a train.py checkpoint: (model in eval mode, checkpoint dict). overrides
+    replace GPTConfig fields (e.g. attn_impl="torch"). A damaged file is refused
+    (check_checkpoint_file), then read with weights_only=True: tensors, never code."""
     try:
         check_checkpoint_file(path)
         ckpt = torch.load(path, map_location=device, weights_only=True)
     except FileNotFoundError:
         raise FileNotFoundError(f"checkpoint {path} not found; train one with train.py (it writes out_dir/ckpt.pt)") from None
-    model_args = checkpoint_model_args(ckpt, path)
     valid = {f.name for f in fields(GPTConfig)}
-    unknown = set(overrides) - valid
-    if unknown:
-        raise ValueError(f"unknown GPTConfig fields {sorted(unknown)}; valid: {sorted(valid)}")
-    model_args.update(overrides)
-    model = GPT(GPTConfig(**model_args))
-    state = {k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()}
-    model.load_state_dict(state)
+    if set(overrides) - valid:
+        raise ValueError(f"unknown GPTConfig fields {sorted(set(overrides) - valid)}; valid: {sorted(valid)}")
+    model = GPT(GPTConfig(**{**checkpoint_model_args(ckpt, path), **overrides}))
+    model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
     return model.to(device).eval(), ckpt

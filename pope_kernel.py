@@ -4,22 +4,22 @@ PoPE attention as one fused Triton flash-attention kernel, forward and backward.
 It computes exactly what model.py's PyTorch path computes (the PoPE paper's
 score, arXiv 2509.10534), per head of dim D:
     a_ts = sm_scale * sum_c softplus(q)[t,c] softplus(k)[s,c] cos((s-t) theta_c + delta_c),
-    theta_c = base^(-c/D),
 i.e. a dot product of the 2D-long Cartesian vectors [mu cos(phase), mu sin(phase)].
-Its copy of that math is the few @triton.jit helpers _softplus, _cos_sin,
-_cartesian_tile and _cartesian_grad below; a PoPE variant changes those and
-model.py together (tests/test_kernel.py compares the two).
+theta and delta come in as model.py's PoPE section makes them (pope_frequencies,
+pope_delta); the kernel's copy of the rest of that math is the few @triton.jit
+helpers _softplus, _cos_sin, _cartesian_tile and _cartesian_grad below; a PoPE
+variant changes those and model.py together (tests/test_kernel.py compares them).
 
-API (q: (B,H,Tq,D), k and v: (B,H,Tk,D), delta: (H,D), used as given):
-    pope_attention(q, k, v, delta, *, causal=True, sm_scale=None,
-                   base=10000.0, q_offset=0, k_is_mu=False)
+API (q: (B,H,Tq,D), k and v: (B,H,Tk,D), delta: (H,D), theta: (D,), used as given):
+    pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None,
+                   q_offset=0, k_is_mu=False)
     kernel_unsupported_reason(q, k, v, delta) -> None or why not
 Query row i sits at position q_offset+i, key row j at position j; with causal,
 key j is visible to query i iff j <= q_offset+i. sm_scale defaults to
-1/sqrt(D). k_is_mu=True says k already holds mu_k = softplus(k) (model.py's KV
-cache). Supported: CUDA (compute capability 8.0+), or the CPU under
-TRITON_INTERPRET=1 set before this module is imported; bf16, fp16 or fp32;
-head dim 32, 64 or 128. Anything else raises PopeKernelUnsupported.
+1/sqrt(D). k_is_mu=True says k already holds mu_k = softplus(k), as
+model.pope_attention_torch takes it. Supported: CUDA (compute capability 8.0+),
+or the CPU under TRITON_INTERPRET=1 set before this module is imported; bf16,
+fp16 or fp32; head dim 32, 64 or 128. Anything else raises PopeKernelUnsupported.
 
 How it works (measurements behind each choice: results/kernel.md):
   * Keys go through a fused elementwise pre-pass that writes the 2D-long
@@ -89,14 +89,24 @@ def _dot(a, b, acc, DOT_PREC: tl.constexpr):
 
 
 def _interpreter_int(x):
-    # Triton 3.6's interpreter keeps scalars as 1-element arrays, which numpy
-    # >= 2.4 no longer turns into a range() bound: the loops below convert
-    # their bounds with this under the interpreter (compiled code never calls it)
     return int(x.handle.data.reshape(-1)[0]) if hasattr(x, "handle") else int(x)
 
 
 if hasattr(triton, "constexpr_function"):  # lets compiled kernels name it
     _interpreter_int = triton.constexpr_function(_interpreter_int)
+
+
+@triton.jit
+def _loop_bounds(lo, hi):
+    # Triton 3.6's interpreter keeps scalars as 1-element arrays, which numpy >= 2.4
+    # no longer takes as a range() bound, and turns every value assigned to a name
+    # back into one: the inner loops take (lo, hi) from here, as a tuple, and
+    # convert under the interpreter only
+    if _INTERPRETED:
+        bounds = (_interpreter_int(lo), _interpreter_int(hi))
+    else:
+        bounds = (lo, hi)
+    return bounds
 
 
 @triton.jit
@@ -225,10 +235,7 @@ def _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, V, svs, svd, lo, hi, TK, qk_scal
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
                CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
     offs_d = tl.arange(0, HEAD_DIM)
-    if _INTERPRETED:  # (the interpreter turns every assigned value into a tensor again)
-        lo_hi = (_interpreter_int(lo), _interpreter_int(hi))
-    else:
-        lo_hi = (lo, hi)
+    lo_hi = _loop_bounds(lo, hi)
     for start_n in range(lo_hi[0], lo_hi[1], BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kmask = offs_n < TK
@@ -305,10 +312,7 @@ def _dkdv_inner(dkc, dks, dv, kc, ks, v, offs_n, QC, DO, sdot, sdod, LSE, DI,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
                 DOT_PREC: tl.constexpr):
     offs_d = tl.arange(0, HEAD_DIM)
-    if _INTERPRETED:  # (the interpreter turns every assigned value into a tensor again)
-        lo_hi = (_interpreter_int(lo), _interpreter_int(hi))
-    else:
-        lo_hi = (lo, hi)
+    lo_hi = _loop_bounds(lo, hi)
     for start_m in range(lo_hi[0], lo_hi[1], BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         rows = offs_m < TQ
@@ -402,10 +406,7 @@ def _dq_inner(dqc, dqs, qc, qs, do, lse, di, qpos, KC, V, svt, svd,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
               CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
     offs_d = tl.arange(0, HEAD_DIM)
-    if _INTERPRETED:  # (the interpreter turns every assigned value into a tensor again)
-        lo_hi = (_interpreter_int(lo), _interpreter_int(hi))
-    else:
-        lo_hi = (lo, hi)
+    lo_hi = _loop_bounds(lo, hi)
     for start_n in range(lo_hi[0], lo_hi[1], BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kmask = offs_n < TK
@@ -551,26 +552,6 @@ def _empty(shape, like, dtype=None):
     return torch.empty(shape, device=like.device, dtype=dtype or like.dtype)
 
 
-_THETA_HOST = {}
-
-
-def _theta(D, base, device):
-    # theta_c = base^(-c/D), rounded once from float64 as model.pope_frequencies
-    # does, so that phase = pos*theta is the same float32 number on both paths
-    theta = (base ** (-torch.arange(D, dtype=torch.float64) / D)).to(torch.float32)
-    if device.type != "cuda":
-        return theta
-    key = (D, float(base))
-    host = _THETA_HOST.get(key)
-    if host is None:
-        host = _THETA_HOST[key] = theta.pin_memory()
-    # A D-float copy per call from pinned memory, not a cached device tensor: under
-    # torch.compile(mode="reduce-overhead") the first calls run inside a CUDA graph
-    # tree's memory pool, where a tensor kept alive by a cache breaks the pool's
-    # bookkeeping; an async copy from pinned memory is also capturable in a graph.
-    return host.to(device, non_blocking=True)
-
-
 def _on_device(x):
     # Triton launches on the current CUDA device, whatever the tensors' device
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
@@ -597,11 +578,10 @@ def _cartesian(x, theta, delta, pos0, is_mu, o=None, do=None):
     return (xc, di) if with_di else xc
 
 
-def _fwd(q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu, tune=True):
+def _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, k_is_mu, tune=True):
     with _on_device(q):
         B, H, Tq, D = q.shape
         Tk = k.size(2)
-        theta = _theta(D, base, q.device)
         out = _empty((B, H, Tq, D), q)
         lse = _empty((B, H, Tq), q, torch.float32)
         kc = _cartesian(k, theta, delta, 0, k_is_mu)
@@ -618,16 +598,15 @@ def _fwd(q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu, tune=True):
         return out, lse
 
 
-def _bwd(do, q, k, v, delta, out, lse, causal, sm_scale, base, q_offset, k_is_mu):
+def _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset, k_is_mu):
     """dq, dk, dv and ddelta (float32)."""
     with _on_device(q):
-        return _bwd_on_device(do, q, k, v, delta, out, lse, causal, sm_scale, base, q_offset, k_is_mu)
+        return _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset, k_is_mu)
 
 
-def _bwd_on_device(do, q, k, v, delta, out, lse, causal, sm_scale, base, q_offset, k_is_mu):
+def _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset, k_is_mu):
     B, H, Tq, D = q.shape
     Tk = k.size(2)
-    theta = _theta(D, base, q.device)
     qk_scale = sm_scale * 1.4426950408889634
     prec = _dot_precision(q.dtype)
     buckets = (_bucket(Tq), _bucket(Tk))
@@ -669,40 +648,40 @@ _NS = __name__.replace(".", "_")
 
 
 @torch.library.custom_op(f"{_NS}::fwd", mutates_args=())
-def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: torch.Tensor, causal: bool,
-            sm_scale: float, base: float, q_offset: int, k_is_mu: bool, tune: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd(q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu, tune)
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: torch.Tensor, theta: torch.Tensor, causal: bool,
+            sm_scale: float, q_offset: int, k_is_mu: bool, tune: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, k_is_mu, tune)
 
 
 @_fwd_op.register_fake
-def _(q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu, tune):
+def _(q, k, v, delta, theta, causal, sm_scale, q_offset, k_is_mu, tune):
     B, H, Tq, D = q.shape
     return q.new_empty((B, H, Tq, D)), q.new_empty((B, H, Tq), dtype=torch.float32)
 
 
 @torch.library.custom_op(f"{_NS}::bwd", mutates_args=())
 def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: torch.Tensor,
-            out: torch.Tensor, lse: torch.Tensor, causal: bool, sm_scale: float, base: float,
+            theta: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, causal: bool, sm_scale: float,
             q_offset: int, k_is_mu: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bwd(do, q, k, v, delta, out, lse, causal, sm_scale, base, q_offset, k_is_mu)
+    return _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset, k_is_mu)
 
 
 @_bwd_op.register_fake
-def _(do, q, k, v, delta, out, lse, causal, sm_scale, base, q_offset, k_is_mu):
+def _(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset, k_is_mu):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), delta.new_empty(delta.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, delta, causal, sm_scale, base, q_offset, k_is_mu, _ = inputs
+    q, k, v, delta, theta, causal, sm_scale, q_offset, k_is_mu, _ = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, delta, out, lse)
-    ctx.args = (causal, sm_scale, base, q_offset, k_is_mu)
+    ctx.save_for_backward(q, k, v, delta, theta, out, lse)
+    ctx.args = (causal, sm_scale, q_offset, k_is_mu)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, delta, out, lse = ctx.saved_tensors
-    dq, dk, dv, ddelta = _bwd_op(dout, q, k, v, delta, out, lse, *ctx.args)
+    q, k, v, delta, theta, out, lse = ctx.saved_tensors
+    dq, dk, dv, ddelta = _bwd_op(dout, q, k, v, delta, theta, out, lse, *ctx.args)
     return dq, dk, dv, ddelta, None, None, None, None, None, None
 
 
@@ -754,19 +733,22 @@ def kernel_unsupported_reason(q, k, v, delta):
     return None
 
 
-def pope_attention(q, k, v, delta, *, causal=True, sm_scale=None, base=10000.0,
-                   q_offset=0, k_is_mu=False):
+def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offset=0, k_is_mu=False):
     """PoPE attention through the fused Triton kernel (the contract of
-    model.pope_attention_torch; delta is used as given). Raises
+    model.pope_attention_torch, with the frequencies theta = model.pope_frequencies(D)
+    given instead of their base; delta and theta are used as given). Raises
     PopeKernelUnsupported, a ValueError, for input the kernel does not take;
     kernel_unsupported_reason says why without raising."""
     check_shapes(q, k, v, delta, q_offset)
+    if theta.shape != (q.size(-1),):
+        raise ValueError(f"theta must be (D={q.size(-1)},); got {tuple(theta.shape)}")
     reason = kernel_unsupported_reason(q, k, v, delta)
     if reason is not None:
         raise PopeKernelUnsupported(reason)
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.size(-1))
-    # the kernels read delta as float32; the cast is outside the op, so autograd maps ddelta back
+    # the kernels read delta and theta as float32; the cast is outside the op, so autograd maps ddelta back
     delta = delta.float().contiguous()
+    theta = theta.to(q.device, torch.float32).contiguous()
     tune = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, delta))
-    return _fwd_op(q, k, v, delta, bool(causal), float(sm_scale), float(base), int(q_offset), bool(k_is_mu), tune)[0]
+    return _fwd_op(q, k, v, delta, theta, bool(causal), float(sm_scale), int(q_offset), bool(k_is_mu), tune)[0]

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import rel_err
 
 import model as model_lib
 from model import GPT, GPTConfig, KVCache, pope_cartesian, pope_delta, sample_next
@@ -28,10 +29,6 @@ def tiny(pos_emb, block_size=16, **kw):
             if p.dim() == 2 and not name.endswith("delta"):
                 p.normal_(0.0, 0.3)
     return model
-
-
-def rel_err(a, b):
-    return ((a - b).norm() / b.norm()).item()
 
 
 @torch.no_grad()

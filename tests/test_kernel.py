@@ -2,11 +2,12 @@
 
 Forward and all four gradients (dq, dk, dv, ddelta) against a float64 reference
 written here from the formula (an einsum of cos((s - t) theta_c + delta_c), not
-pope_attention_reference), at shapes drawn fresh on every run: decoding (Tq = 1,
-q_offset = Tk - 1), lengths that are no multiple of a block, non-causal, D = 32
-and 64, k given as mu. Every buffer the kernels must fill starts as NaN, and
-NaN never passes. Two backward runs must agree bitwise. The model trains a few
-steps with attn_impl="triton" as it does with "torch".
+model.py's code), on seeded inputs (every failure names the seed and shape):
+decoding (Tq = 1, q_offset = Tk - 1), lengths that are no multiple of a block,
+non-causal, D = 32 and 64, k given as mu. Every buffer the kernels must fill
+starts as NaN, and a NaN fails the check. Two backward runs must agree bitwise.
+The kernel takes model.py's frequencies, and the model trains a few steps with
+attn_impl="triton" as it does with "torch".
 
 Why a subprocess: Triton reads TRITON_INTERPRET when a kernel is *decorated*,
 its own library kernels (tl.sum, tl.max, tl.sigmoid...) included, i.e. when
@@ -15,17 +16,19 @@ imports pope_kernel), setting the variable here is too late and the
 interpreter fails. So unless the whole run has TRITON_INTERPRET=1 from the
 start, test_interpreter_suite runs this file again in a fresh
 `python -m pytest` with the variable set, and the other tests here are
-skipped in the parent. (About 30 s on 2 cores.)
+skipped in the parent (about 100 s on 2 cores). Whether the kernels compile
+for an H200 (sm_90: shared memory, spills, wgmma), which the interpreter cannot
+tell, `python bench.py aot` reports without a GPU.
 """
 import math
 import os
-import random
 import subprocess
 import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import rel_err
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -46,7 +49,6 @@ if INTERPRETED:  # every buffer the kernels must fill starts as NaN
 # next to theirs and its relative error is the largest (bf16: up to ~1e-2 at
 # these sizes, the same as PyTorch's own bf16 path; 40 random shapes: <= 9.3e-3).
 BOUND = {torch.float32: (2e-5, 2e-5, 4e-5), torch.float16: (2e-3, 3e-3, 6e-3), torch.bfloat16: (1e-2, 1e-2, 2e-2)}
-_RNG = random.Random()  # fresh shapes on every run; a failure prints them
 
 
 def pope_einsum_f64(q, k, v, delta, causal=True, q_offset=0, k_is_mu=False, base=10000.0):
@@ -68,11 +70,12 @@ def pope_einsum_f64(q, k, v, delta, causal=True, q_offset=0, k_is_mu=False, base
     return torch.softmax(scores, dim=-1) @ v
 
 
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+def theta(D):
+    from model import pope_frequencies  # the model's frequencies, as model.py hands them to the kernel
+    return pope_frequencies(D)
 
 
-def run_both(B, H, Tq, Tk, D, dtype, causal=True, q_offset=0, k_is_mu=False, seed=0):
+def run_both(B, H, Tq, Tk, D, dtype, seed, causal=True, q_offset=0, k_is_mu=False):
     g = torch.Generator().manual_seed(seed)
     q, k, v, do = (torch.randn(B, H, T, D, generator=g) for T in (Tq, Tk, Tk, Tq))
     if k_is_mu:
@@ -80,16 +83,17 @@ def run_both(B, H, Tq, Tk, D, dtype, causal=True, q_offset=0, k_is_mu=False, see
     delta = torch.empty(H, D).uniform_(-8.0, 1.0, generator=g)  # any phase bias: the kernel takes it as given
     kw = dict(causal=causal, q_offset=q_offset, k_is_mu=k_is_mu)
 
-    def grads(fn, dt):
+    def grads(fn, dt, *extra):
         xs = [x.to(dt).requires_grad_(True) for x in (q, k, v)]
         xs.append(delta.to(torch.float64 if dt == torch.float64 else torch.float32).requires_grad_(True))
-        out = fn(*xs, **kw)
+        out = fn(*xs, *extra, **kw)
         return [out] + list(torch.autograd.grad(out, xs, do.to(dt)))
 
-    return grads(pk.pope_attention, dtype), grads(pope_einsum_f64, torch.float64)
+    return grads(pk.pope_attention, dtype, theta(D)), grads(pope_einsum_f64, torch.float64)
 
 
 def check(got, ref, dtype, what):
+    """what names the case: its shape, dtype and seed."""
     names = ["out", "dq", "dk", "dv", "ddelta"]
     for name, a, b in zip(names, got, ref):
         assert a.shape == b.shape, f"{what}: {name} shape {tuple(a.shape)} != {tuple(b.shape)}"
@@ -99,78 +103,55 @@ def check(got, ref, dtype, what):
         assert err < bound, f"{what}: {name} rel err {err:.2e} >= {bound:.0e}"
 
 
-def _odd(lo, hi):
-    """A length in [lo, hi] that is no multiple of 16 (the interpreter's block)."""
-    n = _RNG.randint(lo, hi)
-    return n + 1 if n % 16 == 0 else n
+def check_case(B, H, Tq, Tk, D, dtype, seed, **kw):
+    """The kernel against the float64 reference; lengths here are no multiple of
+    16 (the interpreter's block), so every loop ends on a masked partial block."""
+    got, ref = run_both(B, H, Tq, Tk, D, dtype, seed, **kw)
+    check(got, ref, dtype, f"seed={seed} B={B} H={H} Tq={Tq} Tk={Tk} D={D} {dtype} {kw}")
 
 
 @interpreted
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_causal_self_attention(dtype):
-    B, H, T, D = _RNG.randint(1, 2), _RNG.randint(1, 3), _odd(17, 60), 64
-    got, ref = run_both(B, H, T, T, D, dtype, seed=_RNG.randrange(2**31))
-    check(got, ref, dtype, f"B={B} H={H} T={T} D={D} {dtype}")
+@pytest.mark.parametrize("dtype,seed", [(torch.float32, 1), (torch.bfloat16, 2), (torch.float16, 3)])
+def test_causal_self_attention(dtype, seed):
+    check_case(2, 2, 45, 45, 64, dtype, seed)
 
 
 @interpreted
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_head_dim_32(dtype):
-    B, H, T = 1, 2, _odd(17, 50)
-    got, ref = run_both(B, H, T, T, 32, dtype, seed=_RNG.randrange(2**31))
-    check(got, ref, dtype, f"B={B} H={H} T={T} D=32 {dtype}")
+@pytest.mark.parametrize("dtype,seed", [(torch.float32, 4), (torch.bfloat16, 5)])
+def test_head_dim_32(dtype, seed):
+    check_case(1, 2, 33, 33, 32, dtype, seed)
 
 
 @interpreted
-@pytest.mark.parametrize("D", [32, 64])
-def test_decoding_one_query_against_the_cache(D):
-    """Tq = 1 at q_offset = Tk - 1 with k given as mu, as model.generate() calls it."""
-    Tk = _odd(2, 70)
-    got, ref = run_both(2, 2, 1, Tk, D, torch.float32, q_offset=Tk - 1, k_is_mu=True, seed=_RNG.randrange(2**31))
-    check(got, ref, torch.float32, f"Tq=1 Tk={Tk} D={D}")
+@pytest.mark.parametrize("D,seed", [(32, 6), (64, 7)])
+def test_decoding_one_query_against_a_mu_cache(D, seed):
+    """Tq = 1 at q_offset = Tk - 1 with k given as mu."""
+    check_case(2, 2, 1, 53, D, torch.float32, seed, q_offset=52, k_is_mu=True)
 
 
 @interpreted
 def test_query_chunk_at_an_offset():
     """Tq < Tk, rows at q_offset.. (a prompt chunk after a cache), causal."""
-    Tq, off = _odd(2, 35), _odd(1, 40)
-    got, ref = run_both(1, 2, Tq, Tq + off, 64, torch.float32, q_offset=off, seed=_RNG.randrange(2**31))
-    check(got, ref, torch.float32, f"Tq={Tq} Tk={Tq + off} q_offset={off}")
+    check_case(1, 2, 19, 41, 64, torch.float32, 8, q_offset=22)
 
 
 @interpreted
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_non_causal(dtype):
-    Tq, Tk = _odd(1, 40), _odd(41, 70)
-    got, ref = run_both(1, 2, Tq, Tk, 64, dtype, causal=False, seed=_RNG.randrange(2**31))
-    check(got, ref, dtype, f"non-causal Tq={Tq} Tk={Tk} {dtype}")
+@pytest.mark.parametrize("dtype,seed", [(torch.float32, 9), (torch.bfloat16, 10)])
+def test_non_causal(dtype, seed):
+    check_case(1, 2, 23, 58, 64, dtype, seed, causal=False)
 
 
 @interpreted
 def test_k_is_mu_with_many_queries():
-    T = _odd(17, 40)
-    got, ref = run_both(1, 2, T, T, 32, torch.float32, k_is_mu=True, seed=_RNG.randrange(2**31))
-    check(got, ref, torch.float32, f"k_is_mu T={T}")
-
-
-@interpreted
-def test_nan_never_passes():
-    got, ref = run_both(1, 1, 5, 5, 32, torch.float32)
-    got[0] = got[0].clone()
-    got[0][0, 0, 3, 7] = float("nan")
-    with pytest.raises(AssertionError, match="NaN"):
-        check(got, ref, torch.float32, "poisoned")
-    got[0] = torch.full_like(got[0], float("nan"))  # rel_err of NaN is NaN, and NaN < bound is False
-    assert not rel_err(got[0], ref[0]) < 1.0
+    check_case(1, 2, 35, 35, 32, torch.float32, 11, k_is_mu=True)
 
 
 @interpreted
 def test_backward_is_bitwise_deterministic():
-    T = _odd(33, 60)
-    a, _ = run_both(2, 2, T, T, 64, torch.bfloat16, seed=123)
-    b, _ = run_both(2, 2, T, T, 64, torch.bfloat16, seed=123)
-    for x, y in zip(a, b):
-        assert torch.equal(x, y)
+    a, _ = run_both(2, 1, 41, 41, 64, torch.bfloat16, seed=12)
+    b, _ = run_both(2, 1, 41, 41, 64, torch.bfloat16, seed=12)
+    for name, x, y in zip(["out", "dq", "dk", "dv", "ddelta"], a, b):
+        assert torch.equal(x, y), f"seed=12: {name} differs between two runs"
 
 
 @interpreted
@@ -180,13 +161,11 @@ def test_unsupported_input_says_what_is_supported():
     reason = pk.kernel_unsupported_reason(q, q, q, delta)
     assert reason is not None and "head dim 48" in reason and "32, 64 or 128" in reason
     with pytest.raises(pk.PopeKernelUnsupported, match="32, 64 or 128"):
-        pk.pope_attention(q, q, q, delta)
+        pk.pope_attention(q, q, q, delta, theta(48))
     q = torch.randn(1, 2, 8, 64, dtype=torch.float64)
     assert "float64" in pk.kernel_unsupported_reason(q, q, q, torch.zeros(2, 64))
     q = torch.randn(1, 2, 8, 64)
     assert pk.kernel_unsupported_reason(q, q, q, torch.zeros(2, 64)) is None
-    # PopeKernelUnsupported is a ValueError: callers that catch ValueError keep working
-    assert issubclass(pk.PopeKernelUnsupported, ValueError)
 
 
 @parent_only
@@ -195,7 +174,7 @@ def test_cpu_without_interpreter_is_unsupported():
     reason = pk.kernel_unsupported_reason(q, q, q, torch.zeros(2, 64))
     assert reason is not None and "TRITON_INTERPRET=1" in reason
     with pytest.raises(pk.PopeKernelUnsupported, match="TRITON_INTERPRET=1"):
-        pk.pope_attention(q, q, q, torch.zeros(2, 64))
+        pk.pope_attention(q, q, q, torch.zeros(2, 64), theta(64))
 
 
 @parent_only
@@ -224,71 +203,68 @@ def test_interpreter_suite():
     assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-2000:]
 
 
-@parent_only
-def test_kernels_compile_for_hopper():
-    """What the interpreter cannot tell: that every kernel compiles for an H200
-    (sm_90, Triton's real compiler and ptxas, no GPU needed). At D=64 in bf16,
-    the paper's setting, every autotuning config must fit the shared memory of a
-    block, keep its accumulators in registers (no spills) and run its dots on
-    Hopper's wgmma tensor-core instructions; other dtypes and head dims compile
-    with the config used without autotuning. (About 40 s on 2 cores.)"""
-    import bench
-    B, H = 1, 2
-    main = bench.aot_report([(B, H, 200, 200, 64, torch.bfloat16, True, 0, False)], all_configs=True)
-    kinds = {"_pope_fwd": "fwd", "_pope_bwd_dkdv": "dkdv", "_pope_bwd_dq": "dq"}
-    kernels = tuple(kinds)
-    for name, kind in kinds.items():
-        assert len([r for r in main if r["kernel"] == name]) == len(pk._BLOCKS[kind][64])
-    for r in main:
-        assert r["shared"] <= bench.HOPPER_SMEM, r
-        assert r["stack"] == 0 and r["local"] == 0, f"register spills: {r}"
-        assert r["wgmma"] or r["kernel"] == "_cartesian_kernel", f"no wgmma: {r}"
-    # fp16, fp32 (IEEE dots), D=32 and 128, non-causal, decoding from a mu cache
-    others = bench.aot_report([(B, H, 100, 100, 128, torch.float16, True, 0, False),
-                            (B, H, 50, 70, 32, torch.float32, False, 0, False),
-                            (B, H, 1, 300, 64, torch.bfloat16, True, 299, True)], all_configs=False)
-    for case in {r["case"] for r in others}:
-        names = {r["kernel"] for r in others if r["case"] == case}
-        assert names == ({"_cartesian_kernel", "_pope_fwd"} if "Tq=1 " in case else
-                         {"_cartesian_kernel", *kernels}), (case, names)
-    assert all(r["shared"] <= bench.HOPPER_SMEM for r in others)
-
-
 @interpreted
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_equals_the_pytorch_path_of_model_py(dtype):
+@pytest.mark.parametrize("dtype,Tq,off,D,seed", [(torch.float32, 27, 0, 64, 13), (torch.bfloat16, 19, 13, 32, 14)])
+def test_kernel_equals_the_pytorch_path_of_model_py(dtype, Tq, off, D, seed):
     """The fused kernel and model.py's PoPE code agree on the same inputs, forward
     and gradients, with delta bounded as the model bounds it (a variant edited in
     one and not in the other fails here)."""
     from model import pope_attention_torch, pope_delta
-    seed = _RNG.randrange(2**31)
     g = torch.Generator().manual_seed(seed)
-    Tq, off, D = _odd(2, 30), _RNG.choice([0, _odd(1, 20)]), _RNG.choice([32, 64])
     q, do = (torch.randn(2, 2, Tq, D, generator=g).to(dtype) for _ in range(2))
     k, v = (torch.randn(2, 2, Tq + off, D, generator=g).to(dtype) for _ in range(2))
     delta = torch.empty(2, D).uniform_(-8.0, 1.0, generator=g)
 
-    def run(fn):
+    def run(fn, *extra):
         xs = [x.clone().requires_grad_(True) for x in (q, k, v, delta)]
-        out = fn(xs[0], xs[1], xs[2], pope_delta(xs[3]), q_offset=off)
+        out = fn(xs[0], xs[1], xs[2], pope_delta(xs[3]), *extra, q_offset=off)
         return [out] + list(torch.autograd.grad(out, xs, do))
 
-    got, ref = run(pk.pope_attention), run(pope_attention_torch)
+    got, ref = run(pk.pope_attention, theta(D)), run(pope_attention_torch)
     for name, a, b in zip(["out", "dq", "dk", "dv", "ddelta"], got, ref):
         bound = BOUND[dtype][0 if name == "out" else 2 if name == "ddelta" else 1] * (1 if dtype == torch.float32 else 2)
-        assert rel_err(a, b) < bound, f"seed {seed}: {name} differs, rel err {rel_err(a, b):.2e} (Tq={Tq} off={off} D={D})"
+        assert rel_err(a, b) < bound, f"seed={seed}: {name} differs, rel err {rel_err(a, b):.2e} (Tq={Tq} off={off} D={D})"
+
+
+@interpreted
+def test_the_kernel_takes_the_models_frequencies(monkeypatch):
+    """theta has one definition, model.pope_frequencies: a forker who changes it
+    (here to RoPE's spacing, base^(-2c/D)) changes the model's attention, and the
+    kernel path (attn_impl="triton") still equals the PyTorch path."""
+    import model as model_lib
+    torch.manual_seed(15)
+    attn = model_lib.GPT(model_lib.GPTConfig(n_layer=1, n_head=2, n_embd=64, block_size=32, vocab_size=16,
+                                             pope_delta_init="uniform", attn_impl="torch")).transformer.h[0].attn
+    x = torch.randn(2, 25, 64)
+
+    def both():
+        attn.attn_impl = "torch"
+        ref = attn(x)
+        attn.attn_impl = "triton"
+        return attn(x), ref
+
+    with torch.no_grad():
+        got, before = both()
+        assert rel_err(got, before) < 1e-5, f"seed=15: {rel_err(got, before):.2e}"
+        monkeypatch.setattr(model_lib, "pope_frequencies",
+                            lambda D, base=10000.0, device=None, dtype=torch.float32:
+                            torch.logspace(0, -2 * (D - 1) / D, D, base=base, device=device, dtype=dtype))
+        got, ref = both()
+    assert rel_err(ref, before) > 1e-2, "seed=15: the patch changed nothing"
+    assert rel_err(got, ref) < 1e-5, f"seed=15: the kernel ignores model.pope_frequencies ({rel_err(got, ref):.2e})"
 
 
 @interpreted
 def test_strided_inputs_from_a_fused_projection():
     """q, k, v as model.py makes them: views of one (B, T, 3C) tensor, transposed."""
-    B, T, H, D = 2, _odd(17, 40), 2, 32
+    torch.manual_seed(16)
+    B, T, H, D = 2, 29, 2, 32
     qkv = torch.randn(B, T, 3 * H * D)
     q, k, v = (x.view(B, T, H, D).transpose(1, 2) for x in qkv.split(H * D, dim=2))
     delta = torch.empty(H, D).uniform_(-6.0, 0.0)
-    out = pk.pope_attention(q, k, v, delta)
+    out = pk.pope_attention(q, k, v, delta, theta(D))
     ref = pope_einsum_f64(q.double(), k.double(), v.double(), delta.double())
-    assert rel_err(out, ref) < BOUND[torch.float32][0]
+    assert rel_err(out, ref) < BOUND[torch.float32][0], f"seed=16 T={T}: {rel_err(out, ref):.2e}"
 
 
 @interpreted
@@ -306,7 +282,7 @@ def test_compiles_without_graph_break():
         return [out.detach()] + [x.grad for x in xs]
 
     def f(q, k, v, d):
-        return pk.pope_attention(q, k, v, d) * 2.0
+        return pk.pope_attention(q, k, v, d, theta(32)) * 2.0
 
     eager = run(f)
     compiled = run(torch.compile(f, fullgraph=True, backend="aot_eager"))
@@ -332,7 +308,7 @@ def test_backward_holds_one_2d_long_copy_at_a_time(monkeypatch):
     real = pk._cartesian
     monkeypatch.setattr(pk, "_cartesian", tracking)
     q, k, v = (torch.randn(1, 2, 20, 32, requires_grad=True) for _ in range(3))
-    out = pk.pope_attention(q, k, v, torch.zeros(2, 32))
+    out = pk.pope_attention(q, k, v, torch.zeros(2, 32), theta(32))
     made.clear()  # the forward's keys are gone by now too, but only the backward is asserted
     out.sum().backward()
     assert len(made) == 2
@@ -344,7 +320,7 @@ def test_cached_decoding_equals_recompute_on_the_kernel():
     the static cache (Cartesian keys, one SDPA call, no kernel launch) and give the
     greedy tokens of recomputing from scratch on the kernel."""
     from model import GPT, GPTConfig
-    torch.manual_seed(_RNG.randrange(2**31))
+    torch.manual_seed(17)
     cfg = dict(n_layer=2, n_head=2, n_embd=64, block_size=24, vocab_size=50, pope_delta_init="uniform")
     kern = GPT(GPTConfig(attn_impl="triton", **cfg)).eval()
     calls = []
@@ -362,13 +338,11 @@ def test_cached_decoding_equals_recompute_on_the_kernel():
     finally:
         pk._fwd = real
     assert calls == [T for T in range(5, 15) for _ in range(2)]  # the reference ran on the kernel
-    assert torch.equal(out, want)
+    assert torch.equal(out, want), f"seed=17: {out.tolist()} != {want.tolist()}"
 
 
 @interpreted
 def test_model_trains_with_triton_attention_like_torch():
-    if not os.path.exists(os.path.join(ROOT, "model.py")):
-        pytest.skip("model.py not present")
     from model import GPT, GPTConfig
     idx = torch.randint(0, 64, (2, 26), generator=torch.Generator().manual_seed(0))
     losses = {}

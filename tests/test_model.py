@@ -1,10 +1,12 @@
 """PoPE/RoPE attention against float64 references written from the formulas,
-relative-position invariance, causality, optimizer groups (decoding: test_decode.py)."""
+relative-position invariance, causality, optimizer groups, the FLOP count
+(decoding: test_decode.py). Every random input is seeded; failures name the seed."""
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import rel_err
 
 from model import GPT, GPTConfig, apply_rope, pope_attention_torch, pope_cartesian, pope_delta, yarn_inv_freq
 
@@ -40,15 +42,10 @@ def pope_loop_f64(q, k, v, delta, causal, q_offset, base=10000.0, k_is_mu=False,
     return out
 
 
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
 @pytest.mark.parametrize("bound", ["wrap", "clamp"])
-@pytest.mark.parametrize("Tq,Tk,q_offset,causal", [(7, 7, 0, True), (3, 9, 6, True), (1, 5, 4, True),
-                                                   (2, 6, 1, True), (5, 8, 0, False)])
-def test_pope_reference_matches_loop(Tq, Tk, q_offset, causal, bound):
-    seed = torch.seed() % 2**31
+@pytest.mark.parametrize("Tq,Tk,q_offset,causal,seed", [(7, 7, 0, True, 1), (3, 9, 6, True, 2), (1, 5, 4, True, 3),
+                                                        (2, 6, 1, True, 4), (5, 8, 0, False, 5)])
+def test_pope_reference_matches_loop(Tq, Tk, q_offset, causal, seed, bound):
     g = torch.Generator().manual_seed(seed)
     B, H, D = 2, 2, 8
     q, k, v = (torch.randn(B, H, T, D, generator=g) for T in (Tq, Tk, Tk))
@@ -67,35 +64,40 @@ def test_pope_reference_matches_loop(Tq, Tk, q_offset, causal, bound):
 @pytest.mark.parametrize("bound", ["wrap", "clamp", "project"])
 def test_delta_from_zero_init_keeps_learning(bound):
     """20 AdamW steps (lr 1e-2) of a 1-layer, 2-head, 32-wide PoPE model from zero
-    init: wrap (the default) and project keep a gradient on at least half of delta
-    (all of it, in 150 seeds). The clamp fails that check (8.6% of delta kept a
-    gradient on average over 150 seeds, at most 59%), so it is not asserted for the
-    clamp. The delta the attention uses stays in [-2pi, 0] for all three."""
-    seed = torch.seed() % 2**31
+    init: wrap (the default) and project keep a gradient on every entry of delta at
+    every step (as in 150 seeds). The clamp does not: AdamW's first steps push
+    entries above 0, where its gradient is 0 (8.6% of delta kept one on average
+    over 150 seeds, at most 59%; 28% with this seed). The delta the attention uses
+    stays in [-2pi, 0] for all three."""
+    seed = 0
     torch.manual_seed(seed)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=37, pos_emb="pope",
                           pope_delta_init="zero", pope_delta_bound=bound, attn_impl="torch"))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     delta = model.transformer.h[0].attn.delta
     idx = torch.randint(0, 37, (8, 17))
+    live = []  # the share of delta's entries with a nonzero gradient, per step
     for _ in range(20):
         _, loss = model(idx[:, :-1], idx[:, 1:])
         opt.zero_grad()
         loss.backward()
-        live = (delta.grad != 0).float().mean().item()
+        live.append((delta.grad != 0).float().mean().item())
         opt.step()
         model.project_delta_()  # what train.py does after each step (a no-op unless bound="project")
     used = pope_delta(delta.detach(), bound)
     assert used.min().item() >= -2 * math.pi and used.max().item() <= 0.0, f"seed {seed}"
     assert delta.detach().abs().max().item() > 1e-3, f"seed {seed}: delta never moved"
-    if bound != "clamp":
-        assert live >= 0.5, f"seed {seed}: only {live:.2f} of delta has a gradient"
+    if bound == "clamp":
+        assert live[-1] < 0.5, f"seed {seed}: {live[-1]:.2f} of delta kept a gradient under the clamp"
+    else:
+        assert min(live) == 1.0, f"seed {seed}: a step left part of delta without a gradient: {live}"
     if bound == "wrap":  # the same phase as the raw parameter
         torch.testing.assert_close(torch.cos(used), torch.cos(delta.detach()), atol=1e-5, rtol=0)
         torch.testing.assert_close(torch.sin(used), torch.sin(delta.detach()), atol=1e-5, rtol=0)
 
 
 def test_pope_reference_gradients():
+    torch.manual_seed(6)
     B, H, T, D = 1, 2, 5, 4
     q, k, v = (torch.randn(B, H, T, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
     delta = torch.empty(H, D, dtype=torch.float64).uniform_(-6.0, -0.3).requires_grad_()
@@ -114,6 +116,7 @@ def test_pope_frequencies_and_shapes():
 
 
 def test_rope_matches_complex_rotation():
+    torch.manual_seed(7)
     B, H, T, D = 2, 3, 6, 8
     x = torch.randn(B, H, T, D, dtype=torch.float64)
     inv_freq = torch.tensor([10000.0 ** (-2 * i / D) for i in range(D // 2)], dtype=torch.float64)
@@ -123,11 +126,12 @@ def test_rope_matches_complex_rotation():
     t = torch.arange(3, 3 + T, dtype=torch.float64)
     z = z * torch.exp(1j * t[:, None] * inv_freq[None, :])
     ref = torch.cat([z.real, z.imag], -1)
-    assert (out - ref).abs().max().item() < 1e-5  # positions/angles in float32
+    assert (out - ref).abs().max().item() < 1e-5, "seed 7"  # positions/angles in float32
 
 
 def test_relative_position_only():
     """Shifting every position by the same constant leaves the attention unchanged."""
+    torch.manual_seed(8)
     B, H, T, D = 1, 2, 6, 8
     q, k, v = (torch.randn(B, H, T, D, dtype=torch.float64) for _ in range(3))
     delta = torch.empty(H, D, dtype=torch.float64).uniform_(-2 * math.pi, 0)
@@ -136,12 +140,12 @@ def test_relative_position_only():
         qc = pope_cartesian(q, pos + shift)
         kc = pope_cartesian(k, pos + shift, delta)
         shifted = F.scaled_dot_product_attention(qc, kc, v, is_causal=True, scale=1 / math.sqrt(D))
-        assert rel_err(shifted, pope_attention_reference(q, k, v, delta)) < 1e-10
+        assert rel_err(shifted, pope_attention_reference(q, k, v, delta)) < 1e-10, f"seed 8, shift {shift}"
         inv = yarn_inv_freq(D, 10000.0, 1.0, 1024)[0].double()
         r0 = F.scaled_dot_product_attention(apply_rope(q, inv, pos), apply_rope(k, inv, pos), v, is_causal=True)
         r1 = F.scaled_dot_product_attention(apply_rope(q, inv, pos + shift), apply_rope(k, inv, pos + shift), v,
                                             is_causal=True)
-        assert rel_err(r1, r0) < 1e-5
+        assert rel_err(r1, r0) < 1e-5, f"seed 8, shift {shift}"
 
 
 def tiny(pos_emb, **kw):
@@ -153,6 +157,7 @@ def tiny(pos_emb, **kw):
 
 @pytest.mark.parametrize("pos_emb", ["pope", "rope", "none"])
 def test_causality(pos_emb):
+    torch.manual_seed(9)
     model = tiny(pos_emb)
     idx = torch.randint(0, 37, (2, 12))
     logits, _ = model(idx, idx)
@@ -165,6 +170,7 @@ def test_causality(pos_emb):
 
 
 def test_delta_init_and_optimizer_groups():
+    torch.manual_seed(10)
     m = tiny("pope", pope_delta_init="uniform")
     d = m.transformer.h[0].attn.delta
     assert d.shape == (2, 16) and (d <= 0).all() and (d >= -2 * math.pi).all() and d.std() > 0.5
@@ -178,11 +184,21 @@ def test_delta_init_and_optimizer_groups():
     assert n == m.get_num_params()
 
 
-def test_pope_flops_count_its_wider_scores():
-    pope, rope = tiny("pope"), tiny("rope")
-    L, H, D, T = 2, 2, 16, 16
-    extra = 6 * L * H * D * T  # the QK^T dot product over 2D instead of D
-    assert pope.flops_per_token() - rope.flops_per_token() == extra + 6 * (pope.get_num_params() - rope.get_num_params())
+@pytest.mark.parametrize("pos_emb", ["pope", "rope", "none"])
+def test_flops_per_token_is_what_a_training_step_runs(pos_emb):
+    """flops_per_token against PyTorch's FLOP counter over one forward and backward
+    (SDPA's math backend: its matmuls are counted; T x T scores, as nanoGPT counts).
+    nanoGPT's 6N also counts 6 per parameter that no matmul multiplies by (the norms'
+    weights, PoPE's delta): the counter sees those as elementwise work, not FLOPs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+    torch.manual_seed(11)
+    model, (B, T) = tiny(pos_emb).train(), (3, 16)
+    idx = torch.randint(0, 37, (B, T))
+    with FlopCounterMode(display=False) as counter, sdpa_kernel([SDPBackend.MATH]):
+        model(idx, idx)[1].backward()
+    elementwise = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 1 or n.endswith("attn.delta"))
+    assert model.flops_per_token(T) == counter.get_total_flops() / (B * T) + 6 * elementwise
 
 
 def test_bad_config_is_rejected():
@@ -192,25 +208,16 @@ def test_bad_config_is_rejected():
         GPTConfig(n_embd=100, n_head=3)
 
 
-def test_paper_owt_sizes_in_the_readme():
-    """The README's commands for the paper's 124M/253M/774M models build models of
-    those sizes (on the meta device: no memory), head dim 64, PoPE and RoPE alike."""
-    import os
-    import re
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    readme = open(os.path.join(root, "README.md")).read()
-    base = {}
-    exec(open(os.path.join(root, "config", "pope_124m.py")).read(), {}, base)
-    rows = re.findall(r"^\| (\d+)M \| [\d.]+ / [\d.]+ \| `python train\.py config/pope_124m\.py([^`]*)`", readme, re.M)
-    assert [int(r[0]) for r in rows] == [124, 253, 774]
-    for size, overrides in rows:
-        arch = {k: base[k] for k in ("n_layer", "n_head", "n_embd")}
-        arch.update({k: int(v) for k, v in re.findall(r"--(n_layer|n_head|n_embd)=(\d+)", overrides)})
-        assert arch["n_embd"] // arch["n_head"] == 64
-        for pos_emb in ("pope", "rope"):
-            with torch.device("meta"):
-                m = GPT(GPTConfig(pos_emb=pos_emb, vocab_size=50304, **arch))
-            assert abs(m.get_num_params() / 1e6 - int(size)) / int(size) < 0.005, (size, pos_emb, m.get_num_params())
+@pytest.mark.parametrize("size,n_layer,n_head,n_embd", [(124, 12, 12, 768), (253, 16, 16, 1024),
+                                                       (774, 36, 20, 1280)])
+def test_the_papers_openwebtext_sizes(size, n_layer, n_head, n_embd):
+    """The paper's 124M, 253M and 774M models (GPT-2's depths and widths, head dim
+    64) have those sizes here, PoPE and RoPE alike: the embedding tied to the output
+    layer and no position table (built on the meta device: no memory)."""
+    for pos_emb in ("pope", "rope"):
+        with torch.device("meta"):
+            m = GPT(GPTConfig(pos_emb=pos_emb, vocab_size=50304, n_layer=n_layer, n_head=n_head, n_embd=n_embd))
+        assert abs(m.get_num_params() / 1e6 - size) / size < 0.005, (size, pos_emb, m.get_num_params())
 
 
 @pytest.mark.parametrize("s,L0,D,low,high", [(4.0, 512, 64, 3, 16), (8.0, 1024, 128, 11, 36)])
