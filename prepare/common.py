@@ -36,6 +36,15 @@ def default_out_dir(name):
     return REPO_ROOT / "data" / name
 
 
+def script_parser(doc, name, **input_kwargs):
+    """A prepare script's argparse parser: its docstring as the description, --input
+    (with input_kwargs: its nargs and help) and --out_dir, by default data/<name>."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if input_kwargs:
+        p.add_argument("--input", **input_kwargs)
+    p.add_argument("--out_dir", default=str(default_out_dir(name)), help=f"output folder (default data/{name})")
+    return p
+
 
 def dtype_for_vocab(vocab_size):
     """np.uint16 when every id fits, else np.uint32 (the format's rule)."""
@@ -838,6 +847,14 @@ def download(url, dest, hint, timeout=15.0):
         raise PrepareError(f"could not download {url} ({e}). {hint}") from e
     os.replace(part, dest)
     return dest
+
+
+def input_or_download(path, url, out_dir, hint):
+    """--input's path when given; else url's file, downloaded once (download) into the
+    dataset's download cache, out_dir/raw/, which a re-run keeps."""
+    if path is not None:
+        return path
+    return download(url, dataset_target(out_dir) / DOWNLOADS / url.rsplit("/", 1)[-1], hint)
 
 
 def run_main(main_fn, argv=None):
