@@ -407,11 +407,12 @@ def test_train_step_against_float64_formulas(data_root):
         assert torch.allclose(p, params[n], rtol=1e-5, atol=1e-7), (seed, n, (p - params[n]).abs().max().item())
 
 
-def test_bench_train_graph_check_compares_the_logged_losses(capsys):
+def test_bench_train_graph_check_compares_the_logged_losses(capsys, monkeypatch):
     """bench.py check's comparison of graphed and eager train.py steps, run on the CPU
     with both runs eager: equal runs pass; a run with another learning rate fails."""
     sys.path.insert(0, ROOT)
     import bench
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the train.py processes (on 2 shared cores, 2 threads crawl)
     assert bench.train_graph_check(steps=3, device="cpu", graphed=(), pos_embs=("rope",))
     out = capsys.readouterr().out
     assert out.startswith("ok  rope: 3 graphed steps vs 3 eager") and "largest |difference| 0.0e+00" in out, out
