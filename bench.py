@@ -4,7 +4,8 @@ Benchmarks and GPU checks for the PoPE kernel and the model.
 Usage:
     python bench.py kernel     # PoPE kernel vs PyTorch path, RoPE+SDPA, SDPA d=128 (fwd, fwd+bwd eager and graphed)
     python bench.py check      # kernel forward + 4 gradients vs float64 on the GPU, bitwise determinism;
-                               # graphed greedy decoding equals eager decoding token for token
+                               # graphed greedy decoding equals eager decoding token for token;
+                               # 20 train.py steps as a CUDA graph give the eager steps' losses
     python bench.py train      # 124M training step, PoPE (kernel / PyTorch path) vs RoPE, compiled
     python bench.py sample     # decoding tok/s, 124M, PoPE vs RoPE, batch 1 and 8, context 1k and 8k:
                                # eager, CUDA graph, graph with SDPA's memory-efficient kernel, compiled + graph
@@ -268,6 +269,51 @@ def decode_check():
     return ok
 
 
+def train_graph_check(steps=20, device="cuda", graphed=("--cuda_graph=True",), pos_embs=("pope", "rope")):
+    """train.py's optimizer step as one CUDA graph (--cuda_graph=True) against its eager
+    step: `steps` steps each of a small model (2 micro-batches a step, the default dtype:
+    bf16 on a GPU), from one seed on one synthetic dataset; the logged losses must agree
+    to 3 decimals (|difference| < 0.001). The runs are train.py processes; device and
+    graphed (the graphed run's extra flags) let a CPU test run the same comparison.
+    True when every pair agrees."""
+    import numpy as np
+    if device == "cuda":
+        header(f"training: {steps} train.py steps as a CUDA graph vs eager")
+    ok = True
+    with tempfile.TemporaryDirectory() as d:
+        os.makedirs(os.path.join(d, "toy"))
+        n = 40000  # a periodic stream with noise: the loss falls from ln(64) within the steps
+        seq = (np.arange(n) % 61 + np.random.default_rng(0).integers(0, 3, n)).astype(np.uint16)
+        seq[:36000].tofile(os.path.join(d, "toy", "train.bin"))
+        seq[36000:].tofile(os.path.join(d, "toy", "val.bin"))
+        with open(os.path.join(d, "toy", "meta.json"), "w") as f:
+            json.dump({"vocab_size": 64, "dtype": "uint16"}, f)
+
+        def losses(pos_emb, name, extra):
+            out = os.path.join(d, f"{pos_emb}-{name}")
+            r = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py"),
+                                f"--data_dir={d}", "--dataset=toy", f"--out_dir={out}", f"--device={device}",
+                                f"--pos_emb={pos_emb}", "--n_layer=2", "--n_head=4", "--n_embd=128", "--block_size=128",
+                                "--batch_size=8", "--gradient_accumulation_steps=2", f"--max_iters={steps}",
+                                f"--lr_decay_iters={steps}", "--warmup_iters=2", "--learning_rate=1e-3",
+                                "--eval_iters=1", "--log_interval=1", *extra], capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"BAD {pos_emb}: the {name} run failed: {r.stderr.strip()[-500:]}", flush=True)
+                return []
+            with open(os.path.join(out, "metrics.jsonl")) as f:
+                return [rec["loss"] for rec in map(json.loads, f) if "loss" in rec]
+
+        for pos_emb in pos_embs:
+            eager, graph = losses(pos_emb, "eager", ()), losses(pos_emb, "graphed", tuple(graphed))
+            diff = max((abs(a - b) for a, b in zip(eager, graph)), default=float("inf"))
+            good = len(eager) == len(graph) == steps and diff < 1e-3
+            ok &= good
+            if eager and graph:
+                print(f"{'ok ' if good else 'BAD'} {pos_emb}: {len(graph)} graphed steps vs {len(eager)} eager, losses "
+                      f"{eager[0]:.3f} -> {eager[-1]:.3f}, largest |difference| {diff:.1e}", flush=True)
+    return ok
+
+
 def sample_bench(modes=("eager", "graph", "efficient", "compile"), json_path=None):
     """Decoding speed of the 124M model (random weights), bf16 autocast, B = 1
     and 8, PoPE and RoPE, at context 1024 and 8192 (block_size = context): the
@@ -464,10 +510,11 @@ if __name__ == "__main__":
         if not torch.cuda.is_available():
             raise SystemExit(f"error: 'bench.py {what}' needs a CUDA GPU ('bench.py aot' does not)")
         if what == "check":
-            kernel_ok, decode_ok = check(), decode_check()
-            if not (kernel_ok and decode_ok):
+            kernel_ok, decode_ok, train_ok = check(), decode_check(), train_graph_check()
+            if not (kernel_ok and decode_ok and train_ok):
                 raise SystemExit("error: " + " and ".join(w for w, good in (("kernel check", kernel_ok),
-                                                                          ("decode check", decode_ok)) if not good)
+                                                                          ("decode check", decode_ok),
+                                                                          ("train graph check", train_ok)) if not good)
                                  + " FAILED")
         if what in ("kernel", "train"):
             globals()[what]()

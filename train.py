@@ -9,9 +9,9 @@ Usage:
         --eval_full=True --eval_splits=test     # full-split NLL/accuracy of a checkpoint
     python train.py --help                     # every key with its default
 
-Configuration: the defaults below, then the config file (plain Python
-assignments), then --key=value overrides (Python literals; strings may be bare).
-Unknown keys and wrongly typed values are errors.
+Configuration (configurator.py): the defaults below, then the config file (plain
+Python assignments), then --key=value overrides (Python literals; strings may be
+bare). Unknown keys, wrongly typed values and nonsense settings are errors.
 
 Data: data/<dataset>/{train,val[,test]}.bin token ids (uint16, or uint32 when
 vocab_size > 65535), meta.json with vocab_size, dtype and "tokenizer": "gpt2"
@@ -20,21 +20,14 @@ a target) and "row_len": L (the .bin holds fixed rows of L tokens; batches then
 take whole rows instead of random windows). Make them with prepare/*.py.
 """
 
-import ast
-import builtins
-import difflib
 import errno
 import json
 import math
 import os
-import pickle
-import random
-import re
-import shlex
 import sys
 import time
-import traceback
 from contextlib import nullcontext
+from functools import partial
 
 import numpy as np
 import torch
@@ -42,10 +35,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from model import (GPT, CheckpointError, GPTConfig, check_checkpoint_file, checkpoint_model_args,
-                   kernel_unsupported_reason)
-from prepare.common import (Data, PrepareError, data_changes, lock_folder, make_gen, unlock_folder, write_atomic,
-                            write_json)
+from configurator import (check_resume_data, claim_out_dir, config_problems, configure, load_weights, log_file,
+                          model_args, resume_config, rng_states, set_rng_states)
+from model import GPT, GPTConfig, kernel_unsupported_reason
+from prepare.common import Data, PrepareError, make_gen, unlock_folder, write_atomic, write_json
 
 # -----------------------------------------------------------------------------
 # defaults: the paper's OpenWebText setup at 124M (RMSNorm, head dim 64, batch
@@ -114,106 +107,6 @@ cuda_graph = False
 config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))]
 
 
-MODEL_KEYS = ["n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "pos_emb", "pope_base", "rope_base",
-              "pope_delta_init", "pope_delta_bound", "attn_impl", "rope_scaling", "rope_scaling_orig_len"]
-RESUME_MAY_CHANGE = ("attn_impl", "dropout")  # model keys a resumed run may set anew
-
-
-def configure(argv, defaults):
-    """Apply a config file and --key=value overrides to a dict of defaults.
-    Returns (cfg, the set of keys the user set)."""
-    cfg, given = dict(defaults), set()
-
-    def set_key(key, val, where):
-        if key not in cfg:
-            close = difflib.get_close_matches(key, cfg, n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            sys.exit(f"error: unknown config key '{key}' ({where}).{hint}\nvalid keys: {', '.join(sorted(cfg))}")
-        want = type(defaults[key])
-        if want is float and type(val) is int:
-            val = float(val)
-        if type(val) is not want:
-            sys.exit(f"error: config key '{key}' ({where}) must be {want.__name__} "
-                     f"(default {defaults[key]!r}), got {type(val).__name__} {val!r}")
-        cfg[key] = val
-        given.add(key)
-
-    for arg in argv:
-        if arg in ("-h", "--help"):
-            print(__doc__)
-            print("keys and defaults:")
-            for k in defaults:
-                print(f"  --{k}={defaults[k]!r}")
-            sys.exit(0)
-        if not arg.startswith("--"):
-            if not os.path.isfile(arg):
-                sys.exit(f"error: config file {arg} not found (configs live in config/)")
-            scope = {}
-            try:
-                exec(builtins.compile(open(arg).read(), arg, "exec"), {}, scope)  # (the key compile hides it)
-            except SyntaxError as e:
-                sys.exit(f"error: config file {arg}, line {e.lineno}: {e.msg}")
-            except Exception as e:  # noqa: BLE001  (the file's own line, not a traceback through configure)
-                line = [f", line {f.lineno}" for f in traceback.extract_tb(e.__traceback__) if f.filename == arg]
-                sys.exit(f"error: config file {arg}{(line or [''])[-1]}: {type(e).__name__}: {e}")
-            for k, v in scope.items():
-                if not k.startswith("_") and not callable(v) and type(v).__name__ != "module":
-                    set_key(k, v, f"in {arg}")
-        else:
-            if "=" not in arg:
-                sys.exit(f"error: expected --key=value, got {arg}")
-            key, val = arg[2:].split("=", 1)
-            try:
-                val = ast.literal_eval(val)
-            except (SyntaxError, ValueError):
-                pass  # a bare string, e.g. --dataset=jsb
-            set_key(key, val, f"--{key}")
-    return cfg, given
-
-
-def config_problems(c):
-    """Every nonsense setting, one line each (empty list: all fine)."""
-    checks = [
-        (c["batch_size"] >= 1, "batch_size must be >= 1"),
-        (c["gradient_accumulation_steps"] >= 1, "gradient_accumulation_steps must be >= 1"),
-        (c["block_size"] >= 1, "block_size must be >= 1"),
-        (c["max_iters"] >= 0, "max_iters must be >= 0"),
-        (c["eval_interval"] >= 1, "eval_interval must be >= 1"),
-        (c["log_interval"] >= 1, "log_interval must be >= 1"),
-        (c["eval_iters"] >= 1, "eval_iters must be >= 1"),
-        (c["learning_rate"] > 0 and math.isfinite(c["learning_rate"]), "learning_rate must be a finite number > 0"),
-        (0 <= c["min_lr"] <= c["learning_rate"], "min_lr must be in [0, learning_rate]"),
-        (c["warmup_iters"] >= 0, "warmup_iters must be >= 0"),
-        (c["lr_decay_iters"] >= 1, "lr_decay_iters must be >= 1"),
-        (c["weight_decay"] >= 0, "weight_decay must be >= 0"),
-        (0 <= c["beta1"] < 1 and 0 <= c["beta2"] < 1, "beta1 and beta2 must be in [0, 1)"),
-        (c["grad_clip"] >= 0, "grad_clip must be >= 0 (0 disables clipping)"),
-        (0 <= c["dropout"] < 1, "dropout must be in [0, 1)"),
-        (c["n_layer"] >= 1 and c["n_head"] >= 1 and c["n_embd"] >= 1, "n_layer, n_head and n_embd must be >= 1"),
-        (c["n_head"] < 1 or c["n_embd"] % c["n_head"] == 0, "n_embd must be divisible by n_head"),
-        (c["pope_base"] > 1 and c["rope_base"] > 1, "pope_base and rope_base must be > 1 (the paper's: 10000)"),
-        (c["pos_emb"] in ("pope", "rope", "none"), "pos_emb must be pope, rope or none"),
-        (c["pope_delta_init"] in ("zero", "uniform"), "pope_delta_init must be zero or uniform"),
-        (c["pope_delta_bound"] in ("wrap", "clamp", "project"), "pope_delta_bound must be wrap, clamp or project"),
-        (c["attn_impl"] in ("auto", "torch", "triton"), "attn_impl must be auto, torch or triton"),
-        (c["rope_scaling"] >= 1, "rope_scaling must be >= 1 (1 = no YaRN)"),
-        (c["rope_scaling_orig_len"] >= 0, "rope_scaling_orig_len must be >= 0 (0 = block_size)"),
-        (c["dtype"] in ("auto", "float32", "bfloat16", "float16"), "dtype must be auto, float32, bfloat16 or float16"),
-        (re.fullmatch(r"auto|cpu|cuda(:\d+)?", c["device"]), "device must be auto, cpu, cuda or cuda:N"),
-        (c["compile_mode"] in ("default", "reduce-overhead", "max-autotune"),
-         "compile_mode must be default, reduce-overhead or max-autotune"),
-        (c["peak_flops"] > 0, "peak_flops must be > 0"),
-        (all(s in ("train", "val", "test") for s in c["eval_splits"].split(",")),
-         "eval_splits must be a comma-separated list of train, val, test"),
-    ]
-    return [f"{msg} (got {_settings(c, msg)})" for ok, msg in checks if not ok]
-
-
-def _settings(c, msg):
-    # the values a problem line is about: every key the message names
-    return ", ".join(f"{k}={c[k]!r}" for k in c if re.search(rf"\b{k}\b", msg))
-
-
 @torch.no_grad()
 def evaluate(model, data, split, cfg, device, ctx, full=False, bar=False):
     """Mean loss over scored targets and token accuracy (argmax == target over the
@@ -249,15 +142,41 @@ def get_lr(it, cfg):
     return cfg["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg["learning_rate"] - cfg["min_lr"])
 
 
+def train_step(model, raw_model, optimizer, scaler, ctx, accum, grad_clip, batch):
+    """The optimizer step, the one both paths run: forward and backward of accum
+    micro-batches (batch(micro) -> inputs, targets, loss mask or None; under DDP the
+    gradients sync on the last one only), gradient clipping, AdamW, PoPE's delta
+    bound. Returns the mean loss as a tensor (reading it syncs the GPU). The eager
+    loop calls it every iteration; GraphedStep captures it once as a CUDA graph."""
+    total = 0.0
+    for micro in range(accum):
+        x, y, m = batch(micro)
+        sync = not isinstance(model, DDP) or micro == accum - 1
+        with nullcontext() if sync else model.no_sync():
+            with ctx:
+                _, loss = model(x, y, m)
+                loss = loss / accum
+            scaler.scale(loss).backward()
+        total = total + loss.detach()
+    if grad_clip > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    raw_model.project_delta_()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+
+
 class GraphedStep:
-    """The whole optimizer step as one CUDA graph (one GPU, bf16 or float32): the
-    batch gather from the training split held on the GPU, forward and backward of
-    every micro-batch, gradient clipping and AdamW (capturable, lr a tensor).
-    Replaying it costs almost no host time. The batches are the eager loop's:
+    """train_step as one CUDA graph (one GPU, bf16 or float32), its batches gathered
+    on the GPU from the training split held there; AdamW becomes capturable (lr a
+    tensor). Replaying it costs almost no host time. The batches are the eager loop's:
     their starts come from the same generators and are copied in before each replay."""
 
-    def __init__(self, model, raw_model, optimizer, data, cfg, dev, ctx, accum):
+    def __init__(self, step, raw_model, optimizer, data, cfg, accum):
         params = list(raw_model.parameters())
+        dev = params[0].device
         tokens, mask = data.arrays("train", masked=cfg["train_mask"])
         self.tokens = torch.from_numpy(np.asarray(tokens).astype(np.int32)).to(dev)
         self.mask = torch.from_numpy(np.asarray(mask)).to(dev) if mask is not None else None
@@ -265,12 +184,12 @@ class GraphedStep:
         self.starts = torch.zeros(accum, cfg["batch_size"], dtype=torch.long, device=dev)
         self.host = [torch.zeros_like(self.starts, device="cpu").pin_memory() for _ in range(2)]
         self.copied = [None, None]  # event: the copy out of host[i] is done
+        self.data, self.cfg, self.accum = data, cfg, accum
         self.lr = torch.tensor(cfg["learning_rate"], device=dev)
         for g in optimizer.param_groups:  # AdamW reads lr from the tensor, updated before each replay
             g.update(lr=self.lr, capturable=True, foreach=True, fused=None)
         for st in optimizer.state.values():
             st["step"] = st["step"].to(dev, torch.float32)
-        self.args = model, raw_model, optimizer, data, cfg, ctx, accum
         # warm-up (compile, autotuning) on a side stream, then capture; the warm-up's updates are undone
         saved = [p.detach().clone() for p in params]
         saved_state = {id(p): {k: v.clone() for k, v in optimizer.state[p].items()} for p in params
@@ -279,44 +198,31 @@ class GraphedStep:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(3):
-                optimizer.zero_grad(set_to_none=True)
-                self._step()
+                step(self.batch)
         torch.cuda.current_stream().wait_stream(side)
-        optimizer.zero_grad(set_to_none=True)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.loss = self._step()
+            self.loss = step(self.batch)
         with torch.no_grad():
             for p, v in zip(params, saved):
                 p.copy_(v)
                 for k, t in optimizer.state[p].items():
                     t.copy_(saved_state[id(p)][k]) if id(p) in saved_state else t.zero_()
 
-    def _step(self):
-        model, raw_model, optimizer, data, cfg, ctx, accum = self.args
-        loss_acc = torch.zeros((), device=self.tokens.device)
-        for micro in range(accum):
-            ix = self.starts[micro][:, None] + self.offsets
-            w = self.tokens[ix].long()
-            m = self.mask[ix[:, 1:]].float() if self.mask is not None else None
-            with ctx:
-                _, loss = model(w[:, :-1], w[:, 1:], m)
-            (loss / accum).backward()
-            loss_acc += loss.detach() / accum
-        if cfg["grad_clip"] > 0:
-            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg["grad_clip"])
-        optimizer.step()
-        raw_model.project_delta_()
-        return loss_acc
+    def batch(self, micro):
+        """Micro-batch micro: Data.batch's rows, gathered on the GPU from self.starts."""
+        ix = self.starts[micro][:, None] + self.offsets
+        w = self.tokens[ix].long()
+        return w[:, :-1], w[:, 1:], (self.mask[ix[:, 1:]].float() if self.mask is not None else None)
 
     def __call__(self, iter_num, lr):
         """One optimizer step; returns the (static) loss tensor."""
-        model, raw_model, optimizer, data, cfg, ctx, accum = self.args
         i = iter_num % 2
         if self.copied[i] is not None:
             self.copied[i].synchronize()  # host[i] is being read by the copy of two steps ago
-        for micro in range(accum):
-            self.host[i][micro] = data.starts("train", cfg["batch_size"], make_gen(cfg["seed"], iter_num, micro))
+        for micro in range(self.accum):
+            gen = make_gen(self.cfg["seed"], iter_num, micro)
+            self.host[i][micro] = self.data.starts("train", self.cfg["batch_size"], gen)
         self.starts.copy_(self.host[i], non_blocking=True)
         self.copied[i] = torch.cuda.Event()
         self.copied[i].record()
@@ -325,103 +231,10 @@ class GraphedStep:
         return self.loss
 
 
-def resume_config(cfg, given, defaults, argv):
-    """For init_from=resume: the checkpoint and the run's saved config, with every
-    key the user set on top (a model key that disagrees with the checkpoint is an
-    error); for a fine-tune (init_from=path.pt): its checkpoint. Else None."""
-    if cfg["init_from"] == "scratch":
-        return cfg, None
-    path = os.path.join(cfg["out_dir"], "ckpt.pt") if cfg["init_from"] == "resume" else cfg["init_from"]
-    if cfg["init_from"] != "resume" and not path.endswith(".pt"):
-        sys.exit(f"error: init_from must be 'scratch', 'resume' or a path to a .pt checkpoint, got {path!r}")
-    if cfg["init_from"] == "resume" and not os.path.exists(path) and os.path.isfile(log_file(cfg)):
-        fresh = " ".join(["python train.py"] + [shlex.quote(a) for a in argv if not a.startswith("--init_from=")])
-        sys.exit(f"error: {path} not found: {cfg['out_dir']} holds only the log of a run that stopped before its "
-                 f"first checkpoint, so there is nothing to resume; start it anew: {fresh}")
-    if not os.path.exists(path):
-        sys.exit(f"error: checkpoint {path} not found; train first, or fix out_dir / init_from")
-    try:  # tensors and plain types only: a file that needs code to unpickle is refused
-        check_checkpoint_file(path)  # empty, cut short, or a CRC that does not match: refused
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        ckpt["model_args"] = checkpoint_model_args(ckpt, path)
-    except CheckpointError as e:
-        sys.exit(f"error: {e}")
-    except pickle.UnpicklingError:
-        sys.exit(f"error: {path} is refused: it holds Python objects other than tensors and plain types, and loading "
-                 "them would run code from the file; train.py's checkpoints hold none, so another program made it")
-    except Exception as e:  # noqa: BLE001
-        why = re.sub(r"\x1b\[[0-9;]*m", "", (str(e).splitlines() or [""])[0])[:160]
-        sys.exit(f"error: cannot load {path} ({type(e).__name__}: {why}); train.py writes checkpoints of "
-                 "tensors and plain types only, so this file was made by another program or an older version")
-    if cfg["init_from"] != "resume":
-        return cfg, ckpt
-    lacks = [k for k in ("optimizer", "iter_num", "best_val_loss", "config") if k not in ckpt]
-    if lacks:
-        sys.exit(f"error: {path} has no {', '.join(lacks)}, so it cannot be resumed; fine-tune from its weights "
-                 f"with --init_from={path} and another --out_dir")
-    clash = [f"{k}={cfg[k]!r} (checkpoint: {ckpt['model_args'][k]!r})" for k in MODEL_KEYS
-             if k in given and k not in RESUME_MAY_CHANGE and cfg[k] != ckpt["model_args"][k]]
-    if clash:
-        sys.exit(f"error: --init_from=resume continues {path}, whose model differs: {', '.join(clash)}. "
-                 f"Drop those settings, or start a new run with another --out_dir")
-    merged = dict(defaults)  # data_changed_ok holds for one resume, never for the next
-    merged.update({k: v for k, v in ckpt["config"].items() if k in defaults and k != "data_changed_ok"})
-    # the model is the checkpoint's (also for keys its config predates)
-    merged.update({k: ckpt["model_args"][k] for k in MODEL_KEYS if k not in RESUME_MAY_CHANGE})
-    merged.update({k: cfg[k] for k in given})
-    merged["out_dir"] = cfg["out_dir"]  # where the checkpoint is now
-    return merged, ckpt
-
-
-def log_file(cfg):
-    return os.path.join(cfg["out_dir"], "metrics.jsonl")
-
-
-def claim_out_dir(cfg):
-    """One run per out_dir: an flock on out_dir/.lock, held until this process ends
-    (under DDP, rank 0's). And a new run never replaces a run's checkpoint unless asked."""
-    try:
-        lock_folder(cfg["out_dir"], "wait for it to end, or pick another --out_dir")
-    except PrepareError as e:
-        sys.exit(f"error: {e}")
-    ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
-    if cfg["init_from"] != "resume" and not cfg["overwrite"] and os.path.exists(ckpt_path):
-        old = [p for p in (ckpt_path, log_file(cfg)) if os.path.exists(p)]
-        one = len(old) == 1
-        sys.exit(f"error: {' and '.join(old)} already exist{'s' if one else ''}: continue that run with --init_from="
-                 f"resume, or pick a fresh --out_dir (--overwrite=True replaces {'it' if one else 'them'})")
-
-
-def rng_states():
-    """This process's RNG states as plain lists and tensors (a checkpoint then
-    loads with weights_only=True)."""
-    py = random.getstate()
-    npy = np.random.get_state(legacy=False)
-    npy["state"]["key"] = npy["state"]["key"].tolist()
-    return {"python": [py[0], list(py[1]), py[2]], "numpy": npy, "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None}
-
-
-def set_rng_states(st, device_type):
-    random.setstate((st["python"][0], tuple(st["python"][1]), st["python"][2]))
-    np.random.set_state(st["numpy"])
-    torch.set_rng_state(st["torch"])
-    if device_type == "cuda" and st["cuda"] is not None:
-        torch.cuda.set_rng_state(st["cuda"])
-
-
-def main(argv):
-    defaults = {k: globals()[k] for k in config_keys}
-    cfg, given = configure(argv, defaults)
-    if int(os.environ.get("RANK", 0)) == 0 and os.path.isdir(cfg["out_dir"]):
-        claim_out_dir(cfg)  # before a resume reads the checkpoint: no live run can replace it under us
-    cfg, ckpt = resume_config(cfg, given, defaults, argv)
-    problems = config_problems(cfg)
-    if problems:
-        sys.exit("error: bad settings: " + "; ".join(problems))
-
-    # distributed setup
-    ddp = int(os.environ.get("RANK", -1)) != -1
+def setup_device(cfg):
+    """DDP (under torchrun), the device, the dtype and its autocast context. Refuses,
+    before anything is written, what cannot run here. Returns (ddp, rank, world, dev, dtype, ctx)."""
+    ddp, rank, world = int(os.environ.get("RANK", -1)) != -1, 0, 1
     dev = cfg["device"]
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -436,16 +249,11 @@ def main(argv):
         if dev.startswith("cuda"):
             dev = f"cuda:{local_rank}"
             torch.cuda.set_device(dev)
-    else:
-        rank, world = 0, 1
-    master = rank == 0
-    accum = cfg["gradient_accumulation_steps"] // world
     device_type = "cuda" if dev.startswith("cuda") else "cpu"
     dt = cfg["dtype"]
     if dt == "auto":
         dt = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dt]
-    ctx = nullcontext() if dt == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
+    ctx = nullcontext() if dt == "float32" else torch.autocast(device_type=device_type, dtype=getattr(torch, dt))
     if cfg["cuda_graph"] and (ddp or device_type != "cuda" or dt == "float16" or cfg["compile_mode"] == "reduce-overhead"):
         sys.exit("error: cuda_graph=True needs one CUDA GPU (no torchrun), bfloat16 or float32, and "
                  "compile_mode other than reduce-overhead (that one makes CUDA graphs of its own)")
@@ -458,6 +266,44 @@ def main(argv):
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    return ddp, rank, world, dev, dt, ctx
+
+
+def leave_ddp(out_dir):
+    """Leave together, then end without the interpreter's shutdown: a DDP wrapper keeps
+    references to the process group that nothing releases (torch 2.13), so gloo's threads
+    run on into the shutdown, where CPython's forced unwind of a C++ thread that needs the
+    GIL ends in std::terminate (SIGABRT in rank 1 of 2-rank CPU runs)."""
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    unlock_folder(out_dir)  # (os._exit runs no atexit handler)
+    os._exit(0)
+
+
+def save_checkpoint(path, state):
+    try:  # a crash never leaves a half checkpoint
+        write_atomic(path, lambda tmp: torch.save(state, tmp))
+    except (OSError, RuntimeError) as e:  # a full or read-only disk; torch.save says RuntimeError
+        why = getattr(e, "strerror", None) or (str(e).splitlines() or [""])[-1][:160]
+        sys.exit(f"error: could not write {path} ({why}); the checkpoint there before is intact. "
+                 "Free disk space (or make out_dir writable) and resume with --init_from=resume")
+    print(f"saved checkpoint to {path}")
+
+
+def main(argv):
+    defaults = {k: globals()[k] for k in config_keys}
+    cfg, given = configure(argv, defaults, __doc__)
+    if int(os.environ.get("RANK", 0)) == 0 and os.path.isdir(cfg["out_dir"]):
+        claim_out_dir(cfg)  # before a resume reads the checkpoint: no live run can replace it under us
+    cfg, ckpt = resume_config(cfg, given, defaults, argv)
+    problems = config_problems(cfg)
+    if problems:
+        sys.exit("error: bad settings: " + "; ".join(problems))
+    ddp, rank, world, dev, dt, ctx = setup_device(cfg)
+    master, accum, device_type = rank == 0, cfg["gradient_accumulation_steps"] // world, dev.split(":")[0]
+    resume = cfg["init_from"] == "resume"
 
     # data (checked before anything is written) and the run's folder
     splits = [s for s in cfg["eval_splits"].split(",") if s]
@@ -466,66 +312,29 @@ def main(argv):
                     sorted(set(splits) | ({"train"} if not cfg["eval_only"] else set())))
     except PrepareError as e:
         sys.exit(f"error: {e}")
-    out_dir = cfg["out_dir"]
-    ckpt_path = os.path.join(out_dir, "ckpt.pt")
-    log_path = log_file(cfg)
-    if cfg["init_from"] == "resume" and "data" in ckpt:  # the data the checkpoint was trained on, or asked for
-        changed = data_changes(ckpt["data"], data.identity)
-        if changed and not cfg["data_changed_ok"]:
-            sys.exit(f"error: {data.dir} is not the data {ckpt_path} was trained on ({'; '.join(changed)}); restore "
-                     "that data, or pass --data_changed_ok=True to go on with this data")
-        if changed and master:
-            print(f"note: going on with changed data ({'; '.join(changed)}), as --data_changed_ok=True asks")
+    out_dir, ckpt_path, log_path = cfg["out_dir"], os.path.join(cfg["out_dir"], "ckpt.pt"), log_file(cfg)
+    check_resume_data(cfg, ckpt, data, master)
 
-    # model
-    model_args = {k: cfg[k] for k in MODEL_KEYS}
-    iter_num, best_val_loss = 0, 1e9
-    if ckpt is not None and cfg["init_from"] == "resume":
-        model_args.update({k: ckpt["model_args"][k] for k in MODEL_KEYS if k not in RESUME_MAY_CHANGE})
-        iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
-    elif ckpt is not None:
-        # fine-tuning: weights from another run; fresh optimizer and iteration count. The context
-        # (block_size) and YaRN may change; YaRN's original length defaults to the source's context.
-        model_args.update({k: ckpt["model_args"][k] for k in ("n_layer", "n_head", "n_embd", "bias", "pos_emb",
-                                                               "pope_base", "rope_base", "pope_delta_bound")})
-        if model_args["rope_scaling_orig_len"] == 0 and model_args["rope_scaling"] > 1.0:
-            model_args["rope_scaling_orig_len"] = ckpt["model_args"]["block_size"]
-        ckpt = {"model": ckpt["model"], "model_args": ckpt["model_args"]}
-    T = data.T
-    model_args["vocab_size"] = data.meta["vocab_size"]
-    if data.meta.get("tokenizer") == "gpt2":  # 50257 -> 50304, a multiple of 64, as nanoGPT: faster matmuls
-        model_args["vocab_size"] = (data.meta["vocab_size"] + 63) // 64 * 64
-    tokens_per_iter = accum * world * cfg["batch_size"] * T
+    # model, optimizer, and the RNG states a resume continues
+    margs = model_args(cfg, data.meta)
+    iter_num, best_val_loss = (ckpt["iter_num"], ckpt["best_val_loss"]) if resume else (0, 1e9)
+    tokens_per_iter = accum * world * cfg["batch_size"] * data.T
     torch.manual_seed(cfg["seed"] + rank)
-    model = GPT(GPTConfig(**model_args))
+    model = GPT(GPTConfig(**margs))
     if ckpt is not None:
-        state, ours = {k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()}, model.state_dict()
-        bad = [f"{k} is {tuple(getattr(state.get(k), 'shape', ())) if k in state else 'missing'} there, "
-               f"{tuple(v.shape)} here" for k, v in ours.items() if getattr(state.get(k), "shape", None) != v.shape]
-        bad += [f"{k} is not in this model" for k in state if k not in ours]
-        if bad:  # which weights differ, and the likely reason: another vocabulary
-            V, V_here = ckpt["model_args"].get("vocab_size"), model_args["vocab_size"]
-            vocab = "" if V == V_here else (f"; the vocabulary differs: the checkpoint's vocab_size is {V}, dataset "
-                                            f"{cfg['dataset']}'s {V_here}: use data with the checkpoint's vocabulary")
-            sys.exit(f"error: the weights of {ckpt_path if cfg['init_from'] == 'resume' else cfg['init_from']} do not "
-                     f"fit this model: {'; '.join(bad[:3])}{f' (and {len(bad) - 3} more)' * (len(bad) > 3)}{vocab}")
-        model.load_state_dict(state)
-    if master:  # every check passed: the run's folder
-        os.makedirs(out_dir, exist_ok=True)
-        claim_out_dir(cfg)  # (taken already where out_dir existed)
-        if cfg["init_from"] != "resume" and os.path.exists(log_path):
-            if not os.path.exists(ckpt_path):
-                print(f"note: {log_path} is the log of a run that saved no checkpoint; this run's log replaces it")
-            os.remove(log_path)  # a new run, a new log
+        load_weights(model, ckpt, ckpt_path if resume else cfg["init_from"], cfg["dataset"])
+    if master:  # every check passed: the run's folder (claimed already where out_dir existed)
+        claim_out_dir(cfg, create=True)
     model.to(dev)
     if master:
-        print(f"tokens per iteration: {tokens_per_iter:,} ({accum} accum x {world} procs x {cfg['batch_size']} x {T})")
-        print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, pos_emb={model_args['pos_emb']}")
+        print(f"tokens per iteration: {tokens_per_iter:,} "
+              f"({accum} accum x {world} procs x {cfg['batch_size']} x {data.T})")
+        print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, pos_emb={margs['pos_emb']}")
         print(f"attention: {model.attention_path(dev)}")
     scaler = torch.amp.GradScaler(device_type, enabled=(dt == "float16"))
     optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"],
                                            (cfg["beta1"], cfg["beta2"]), device_type)
-    if ckpt is not None and "optimizer" in ckpt:
+    if resume:
         optimizer.load_state_dict(ckpt["optimizer"])
     raw_model = model
     if cfg["compile"]:
@@ -538,32 +347,24 @@ def main(argv):
         # PoPE-124M step on 2 H200s went from 46.8 to 43.5 ms (1 GPU: 40.4-41.1 ms); RESULTS.md, section 6
         model = DDP(model, device_ids=[int(dev.split(":")[1])] if device_type == "cuda" else None,
                     bucket_cap_mb=100, gradient_as_bucket_view=True)
-    if ckpt is not None and "rng" in ckpt:  # RNG states last, so nothing above consumes from them
-        set_rng_states({k: v[rank % len(v)] if v else None for k, v in ckpt["rng"].items()}, device_type)
-    else:
-        random.seed(cfg["seed"] + rank)
-        np.random.seed(cfg["seed"] + rank)
+    set_rng_states(ckpt if resume else None, cfg["seed"], rank, device_type)  # last: nothing above draws from them
     ckpt = None  # free memory
-    graphed = None
-    if cfg["cuda_graph"] and not cfg["eval_only"]:
-        graphed = GraphedStep(model, raw_model, optimizer, data, cfg, dev, ctx, accum)
+    step = partial(train_step, model, raw_model, optimizer, scaler, ctx, accum, cfg["grad_clip"])
+    graphed = GraphedStep(step, raw_model, optimizer, data, cfg, accum) if cfg["cuda_graph"] and not cfg["eval_only"] \
+        else None
+
+    def train_batch(micro):  # this rank's micro-batch micro of iteration iter_num's global batch
+        gen = make_gen(cfg["seed"], iter_num, rank * accum + micro)
+        return data.batch("train", data.starts("train", cfg["batch_size"], gen), dev, masked=cfg["train_mask"])
 
     metrics = open(log_path, "a") if master else None
 
-    def log(rec):
-        if master:
-            try:
-                metrics.write(json.dumps(rec) + "\n")
-                metrics.flush()
-            except OSError as e:  # a full disk: name the file (the top-level handler prints one line)
-                raise OSError(e.errno, e.strerror, log_path) from None
-
-    def gather(obj):  # one entry per rank (a collective under DDP)
-        if not ddp:
-            return [obj]
-        out = [None] * world
-        dist.all_gather_object(out, obj)
-        return out
+    def log(rec):  # (rank 0)
+        try:
+            metrics.write(json.dumps(rec) + "\n")
+            metrics.flush()
+        except OSError as e:  # a full disk: name the file (the top-level handler prints one line)
+            raise OSError(e.errno, e.strerror, log_path) from None
 
     def diverged(what):
         sys.exit(f"error: {what} at iteration {iter_num} is not finite: the run diverged (learning rate too high?). "
@@ -594,52 +395,20 @@ def main(argv):
                 diverged("a weight")
             val_loss = res["val"]["loss"] if "val" in res else None
             improved = val_loss is not None and val_loss < best_val_loss
-            if improved:
-                best_val_loss = val_loss
-            rng = {k: gather(v) for k, v in rng_states().items()}  # every rank joins, whatever is decided
+            best_val_loss = val_loss if improved else best_val_loss
+            rng = rng_states(world)  # every rank joins, whatever is decided
             # (not at the iteration a run starts from: a resumed run's checkpoint is already that)
             if master and iter_num > it_start and (improved or cfg["always_save_checkpoint"] or val_loss is None):
-                state = {
+                save_checkpoint(ckpt_path, {
                     "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "model_args": model_args, "iter_num": iter_num, "best_val_loss": best_val_loss,
+                    "model_args": margs, "iter_num": iter_num, "best_val_loss": best_val_loss,
                     "config": cfg, "meta": data.meta, "data": data.identity, "rng": rng,
-                    "sampler": {"seed": cfg["seed"], "iter_num": iter_num, "world": world},
-                }
-                try:  # a crash never leaves a half checkpoint
-                    write_atomic(ckpt_path, lambda tmp: torch.save(state, tmp))
-                except (OSError, RuntimeError) as e:  # a full or read-only disk; torch.save says RuntimeError
-                    why = getattr(e, "strerror", None) or (str(e).splitlines() or [""])[-1][:160]
-                    sys.exit(f"error: could not write {ckpt_path} ({why}); the checkpoint there before is intact. "
-                             "Free disk space (or make out_dir writable) and resume with --init_from=resume")
-                print(f"saved checkpoint to {ckpt_path}")
+                    "sampler": {"seed": cfg["seed"], "iter_num": iter_num, "world": world}})
             t0, it0 = time.time(), iter_num  # keep eval time out of the step timing
         if last:
             break
 
-        # one optimizer step over accum micro-batches; DDP syncs grads on the last one only
-        loss_acc = torch.zeros((), device=dev)
-        for micro in range(accum if graphed is None else 0):
-            gen = make_gen(cfg["seed"], iter_num, rank * accum + micro)
-            starts = data.starts("train", cfg["batch_size"], gen)
-            x, y, m = data.batch("train", starts, dev, masked=cfg["train_mask"])
-            sync = (not ddp) or micro == accum - 1
-            with (nullcontext() if sync else model.no_sync()):
-                with ctx:
-                    _, loss = model(x, y, m)
-                    loss = loss / accum
-                scaler.scale(loss).backward()
-            loss_acc += loss.detach()
-        if graphed is not None:
-            loss_acc = graphed(iter_num, lr)
-        else:
-            if cfg["grad_clip"] > 0:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
-            scaler.step(optimizer)
-            scaler.update()
-            raw_model.project_delta_()
-            optimizer.zero_grad(set_to_none=True)
-
+        loss_acc = graphed(iter_num, lr) if graphed is not None else step(train_batch)
         if iter_num % cfg["log_interval"] == 0:
             if ddp:  # every rank joins: the logged loss is the mean over the global batch
                 dist.all_reduce(loss_acc)  # a sum: gloo has no AVG
@@ -668,19 +437,7 @@ def main(argv):
     if master:
         metrics.close()
     if ddp:
-        # Leave together, then end the process without the interpreter's shutdown. Building a
-        # DDP wrapper leaves references to the process group that neither deleting the wrapper
-        # nor destroy_process_group releases (torch 2.13), so gloo's worker and TCP threads are
-        # never joined: they run on into the interpreter's shutdown, where a C++ thread that then
-        # needs the GIL is ended by CPython with a forced unwind, which ends in std::terminate
-        # ("terminate called without an active exception": SIGABRT in rank 1 of 2-rank CPU runs).
-        # Everything is written, flushed and closed here, so that shutdown has nothing left to do.
-        dist.barrier()
-        dist.destroy_process_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        unlock_folder(out_dir)  # (os._exit runs no atexit handler)
-        os._exit(0)
+        leave_ddp(out_dir)
 
 
 if __name__ == "__main__":

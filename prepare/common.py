@@ -8,6 +8,7 @@ helper that fails fast offline.
 
 import argparse
 import errno
+import glob
 import hashlib
 import importlib
 import json
@@ -17,7 +18,7 @@ import shlex
 import shutil
 import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,16 @@ class PrepareError(Exception):
 
 def default_out_dir(name):
     return REPO_ROOT / "data" / name
+
+
+def script_parser(doc, name, **input_kwargs):
+    """A prepare script's argparse parser: its docstring as the description, --input
+    (with input_kwargs: its nargs and help) and --out_dir, by default data/<name>."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if input_kwargs:
+        p.add_argument("--input", **input_kwargs)
+    p.add_argument("--out_dir", default=str(default_out_dir(name)), help=f"output folder (default data/{name})")
+    return p
 
 
 def dtype_for_vocab(vocab_size):
@@ -151,6 +162,14 @@ def check_writable(path, option):
     os.unlink(tmp)
 
 
+_WRITE_ERRNOS = {
+    errno.ENOSPC: "Free some disk space, or give an --out_dir on another disk",
+    errno.EDQUOT: "Free some space within your disk quota, or give an --out_dir on another disk",
+    errno.EFBIG: "The file system limits file sizes: give an --out_dir on another file system",
+    errno.EROFS: "Give an --out_dir on a writable file system",
+}  # staged_dataset's one-line errors: only those a write alone raises (EACCES can also be an input file's)
+
+
 # -----------------------------------------------------------------------------
 # writing
 
@@ -174,38 +193,38 @@ def write_json(path, obj, indent=1, default=None):
     write_atomic(path, lambda tmp: Path(tmp).write_text(json.dumps(obj, indent=indent, default=default)))
 
 
-_LOCKS = {}  # lock file path -> (fd, pid): held until the process ends
+_LOCKS = {}  # lock file path -> (fd, pid): held until unlock_folder or the process's end
 
 
-def lock_folder(folder, hint):
-    """Hold an exclusive lock on folder/.lock (fcntl.flock) for the rest of the
-    process: one writer per folder (train.py: one run per out_dir). The OS drops
-    the lock when the process ends, however it ends; a normal exit also deletes the
-    file. Raises PrepareError, with hint, when another process holds it (naming its
-    PID) or when the file cannot be created (a read-only folder)."""
+def lock_folder(folder, hint, path=None):
+    """Hold an exclusive lock (fcntl.flock) on path, default folder/.lock, until
+    unlock_folder or the end of the process: one writer per folder (train.py: one run
+    per out_dir; staged_dataset: one prepare run per dataset, its lock beside it). The
+    OS drops the lock when the process ends, however it ends; unlock_folder and a normal
+    exit also delete the file. Raises PrepareError, with hint, when another process
+    holds it (naming the PID it wrote) or when the file cannot be created (read-only)."""
     import atexit
     import fcntl
     import time
-    path = os.path.join(folder, ".lock")
+    path = str(path or os.path.join(folder, ".lock"))
     if path in _LOCKS:
         return
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise PrepareError(f"cannot create {path} ({e.strerror}): {folder} must be writable; {hint}") from None
+            raise PrepareError(f"cannot create {path} ({e.strerror}): {os.path.dirname(path)} must be writable; "
+                               f"{hint}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            pid = None
             for _ in range(40):  # the holder writes its PID right after taking the lock
-                text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-                pid = int(text) if text.isdigit() and _pid_alive(int(text)) else None
-                if pid is not None:
+                pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                if pid.isdigit():
                     break
                 time.sleep(0.05)
             os.close(fd)
-            who = f"pid {pid}" if pid is not None else "a process whose PID it does not record"
+            who = f"pid {pid}" if pid.isdigit() else "a process whose PID it does not record"
             raise PrepareError(f"{folder} is in use by another run ({who} holds {path}); {hint}") from None
         try:  # a holder that ended deleted the file after we opened it: lock the path's current file
             if os.path.samestat(os.stat(path), os.fstat(fd)):
@@ -216,12 +235,12 @@ def lock_folder(folder, hint):
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     _LOCKS[path] = (fd, os.getpid())
-    atexit.register(unlock_folder, folder)
+    atexit.register(unlock_folder, folder, path)
 
 
-def unlock_folder(folder):
+def unlock_folder(folder, path=None):
     """Release lock_folder's lock and delete the file (it is still ours: the lock is held)."""
-    path = os.path.join(folder, ".lock")
+    path = str(path or os.path.join(folder, ".lock"))
     fd, pid = _LOCKS.get(path, (None, None))
     if fd is None or pid != os.getpid():  # not held, or a forked child's copy
         return
@@ -325,191 +344,31 @@ def report(out_dir, counts, extra=None):
 
 
 # -----------------------------------------------------------------------------
-# a dataset is written as a set
+# out_dir: a dataset's own files only
 #
-# A script writes every file of a dataset into a staging folder beside out_dir,
-# <out_dir>.tmp-<pid>, and only when all of them are complete (and agree with
-# meta.json) swaps it in:
-#   1. exchange <out_dir>.tmp-<pid> and out_dir in one atomic renameat2(RENAME_EXCHANGE)
-#      (Linux), then rename the staging name, which now holds the old set, to
-#      <out_dir>.old-<pid>; where the exchange is not supported, rename
-#      out_dir -> <out_dir>.old-<pid>, then <out_dir>.tmp-<pid> -> out_dir;
-#   2. move the download cache raw/ from the old folder into the new one;
-#   3. delete <out_dir>.old-<pid>.
-# An error in the script deletes the staging folder; a kill leaves out_dir with the
-# complete old or new set (with the two-rename fallback, a kill between the two
-# renames leaves no out_dir for a moment, and the old set beside it) and a
-# .tmp-/.old- folder beside it, which the next run for that out_dir cleans up: it
-# first puts an .old- folder back when out_dir is missing, then deletes the
-# leftovers (keeping their raw/). check_dataset names such leftovers.
-# out_dir may hold only a dataset's own files: meta.json, {split}.bin,
-# {split}_mask.bin (and their .tmp files from an interrupted older version) and
-# the folder raw/; anything else (a user's files) makes the script refuse to
-# run, naming it, so nothing of a user's is ever deleted.
+# A re-run replaces the whole folder, so out_dir may hold only meta.json,
+# {split}.bin, {split}_mask.bin (and their .tmp files) and the download cache raw/;
+# anything else (a user's files) is refused, named, before any work: nothing of a
+# user's is ever deleted.
 
 DOWNLOADS = "raw"
 DATASET_FILES = frozenset(["meta.json"] + [f"{s}{x}.bin" for s in SPLITS for x in ("", "_mask")])
-_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
-
-
-def _foreign_entries(folder):
-    """Names in folder that are not a dataset's own files (folders end in '/')."""
-    out = []
-    for p in sorted(Path(folder).iterdir()):
-        if p.name == DOWNLOADS and p.is_dir() and not p.is_symlink():
-            continue
-        base = p.name[:-4] if p.name.endswith(".tmp") else p.name
-        if base in DATASET_FILES and p.is_file() and not p.is_symlink():
-            continue
-        out.append(p.name + ("/" if p.is_dir() else ""))
-    return out
 
 
 def _names(names, limit=8):
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
-
-def _leftovers(target):
-    """[(kind, pid, path)] of the staging (.tmp-) and old (.old-) folders that
-    runs for target left beside it."""
-    pat = re.compile(re.escape(target.name) + r"\.(tmp|old)-(\d+)")
-    out = []
-    if target.parent.is_dir():
-        for p in target.parent.iterdir():
-            m = pat.fullmatch(p.name)
-            if m and p.is_dir() and not p.is_symlink():
-                out.append((m.group(1), int(m.group(2)), p))
-    return sorted(out)
-
-
-def _pid_alive(pid):
-    if pid == os.getpid():
-        return False  # a leftover of an earlier call in this process
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
-
-
-def _exchange(a, b):
-    """Swap the paths a and b atomically (Linux renameat2 RENAME_EXCHANGE).
-    False where the system or file system does not support it."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if fn(_AT_FDCWD, os.fsencode(str(a)), _AT_FDCWD, os.fsencode(str(b)), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
-        return False
-    raise OSError(err, os.strerror(err), str(a))
-
-
-def _fsync(path, directory=False):
-    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems do not sync folders
-    finally:
-        os.close(fd)
-
-
-def _discard(folder, target, strict=True):
-    """Delete a leftover .tmp-/.old- folder of target, moving its raw/ into target
-    when target has none. With foreign files in it: a PrepareError (strict) or a
-    warning, and the folder stays."""
-    foreign = _foreign_entries(folder)
-    if foreign:
-        msg = (f"{folder} (left by a prepare run for {target}) holds files that are not part of a dataset: "
-               f"{_names(foreign)}; move them away and delete {folder}")
-        if strict:
-            raise PrepareError(msg)
-        log(f"warning: {msg}")
-        return
-    raw = folder / DOWNLOADS
-    if raw.is_dir() and target.is_dir() and not os.path.lexists(target / DOWNLOADS):
-        os.rename(raw, target / DOWNLOADS)
-    shutil.rmtree(folder)
-
-
-def _recover(target):
-    """Clean up what interrupted runs for target left beside it (see above)."""
-    left = _leftovers(target)
-    for kind, pid, p in left:
-        if _pid_alive(pid):
-            raise PrepareError(f"{p} exists: another prepare run (pid {pid}) is writing {target}; wait for it to "
-                               f"finish, or delete {p} if no such run is going on")
-    olds = [p for kind, _, p in left if kind == "old"]
-    if olds and not os.path.lexists(target):
-        # killed between its two renames: the old folder holds the previous complete set
-        os.rename(olds[-1], target)
-        log(f"restored {target} from {olds[-1].name}, left by an interrupted run")
-    for _, _, p in left:
-        if p.exists():
-            _discard(p, target)
-            log(f"removed {p}, left by an interrupted run")
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _check_target(target):
+    """out_dir is absent or a folder of a dataset's own files (else PrepareError)."""
     if os.path.lexists(target) and not target.is_dir():
         raise PrepareError(f"--out_dir {target} exists and is not a folder")
-    if target.is_dir():
-        foreign = _foreign_entries(target)
-        if foreign:
-            raise PrepareError(
-                f"--out_dir {target} holds files that are not part of a dataset: {_names(foreign)}; a re-run "
-                "replaces the whole folder, so move them away (or pick another --out_dir)")
-
-
-def _check_stage(stage):
-    """The staged set must be complete and agree with its meta.json."""
-    meta = _check(stage, [p.name[:-4] for p in sorted(stage.glob("*.bin")) if not p.name.endswith("_mask.bin")],
-                  scan=False, hint="a bug in the prepare script")
-    tokens = meta.get("tokens")
-    if not isinstance(meta.get("prepare"), str) or not isinstance(tokens, dict):
-        raise PrepareError(f"{stage / 'meta.json'}: no \"prepare\" command or \"tokens\" counts (a bug in the prepare script)")
-    have = sorted(p.name[:-4] for p in stage.glob("*.bin") if not p.name.endswith("_mask.bin"))
-    if sorted(tokens) != have:
-        raise PrepareError(f"{stage / 'meta.json'}: tokens lists {sorted(tokens)}, the folder holds {have}")
-
-
-def _swap_in(stage, target):
-    """Replace target by stage (the protocol above)."""
-    for p in stage.iterdir():
-        _fsync(p)
-    _fsync(stage, directory=True)
-    if not os.path.lexists(target):
-        os.rename(stage, target)
-        _fsync(target.parent, directory=True)
-        return
-    _check_target(target)  # again: files may have been added while the script ran
-    old = target.with_name(f"{target.name}.old-{os.getpid()}")
-    if _exchange(stage, target):
-        os.rename(stage, old)
-    else:
-        os.rename(target, old)
-        try:
-            os.rename(stage, target)
-        except BaseException:
-            os.rename(old, target)
-            raise
-    _fsync(target.parent, directory=True)
-    try:
-        _discard(old, target, strict=False)
-    except OSError as e:  # the new set is in place; the next run deletes what is left
-        log(f"warning: could not delete {old} ({e})")
+    foreign = [p.name + "/" * p.is_dir() for p in sorted(target.iterdir()) if p.is_symlink() or not (
+        p.is_dir() and p.name == DOWNLOADS or p.is_file() and p.name.removesuffix(".tmp") in DATASET_FILES)] \
+        if target.is_dir() else []
+    if foreign:
+        raise PrepareError(f"--out_dir {target} holds files that are not part of a dataset: {_names(foreign)}; a "
+                           "re-run replaces the whole folder, so move them away (or pick another --out_dir)")
 
 
 def check_out_dir(out_dir):
@@ -527,23 +386,61 @@ def dataset_target(out_dir):
     return Path(os.path.realpath(os.path.abspath(out_dir)))
 
 
+# -----------------------------------------------------------------------------
+# a dataset is written as a set
+#
+# Every file goes into a staging folder beside out_dir, <out_dir>.tmp-<pid>; once the set
+# is complete and agrees with its meta.json, two renames swap it in: out_dir -> <out_dir>.old,
+# staging folder -> out_dir; raw/ moves into the new set, <out_dir>.old is deleted. A run holds
+# <out_dir>.lock throughout: one run per out_dir. The recovery rule, a run's first step: no
+# out_dir but an <out_dir>.old is a kill between the renames, so the old set goes back; other
+# .old/.tmp-* folders are deleted. A kill thus leaves the old or the new set, never a mix.
+
+def _leftovers(target):
+    """The .old and .tmp-<pid> folders beside target."""
+    return sorted(p for p in target.parent.glob(glob.escape(target.name) + ".*") if p.is_dir() and not p.is_symlink()
+                  and re.fullmatch(r"old|tmp-\d+", p.name[len(target.name) + 1:]))
+
+
+def _fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    with suppress(OSError):  # (some file systems do not sync folders)
+        os.fsync(fd)
+    os.close(fd)
+
+
+def _discard(folder, target):
+    """Delete a leftover folder, moving its raw/ into target when target has none."""
+    if (folder / DOWNLOADS).is_dir() and target.is_dir() and not os.path.lexists(target / DOWNLOADS):
+        os.rename(folder / DOWNLOADS, target / DOWNLOADS)
+    shutil.rmtree(folder)
+
+
 @contextmanager
 def staged_dataset(out_dir):
-    """Write a dataset as a set: yields the staging folder <out_dir>.tmp-<pid> to
-    write every .bin and meta.json into; leaving the block normally checks the set
-    and swaps it in for out_dir, an error deletes it and leaves out_dir as it was.
-    Refuses (PrepareError) an out_dir that holds files of its own, before any work."""
+    """Write a dataset as a set: yields the staging folder for every .bin and meta.json;
+    leaving the block normally checks the set and swaps it in, an error deletes it. Refuses
+    (PrepareError), before any work, an out_dir with files of its own or in another run's use."""
     target = dataset_target(out_dir)
-    _recover(target)
     _check_target(target)
-    stage = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    stage, backup, lock = (target.with_name(f"{target.name}.{x}") for x in (f"tmp-{os.getpid()}", "old", "lock"))
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(stage, ignore_errors=True)  # (a killed run's, whose PID was the same)
         stage.mkdir()
     except OSError as e:
         raise PrepareError(f"--out_dir {out_dir}: cannot create {stage} ({e.strerror or e}); the new set is written "
                            "there, beside out_dir, and swapped in: give an --out_dir in a writable folder") from None
     try:
+        lock_folder(target, "wait for it to finish", lock)
+        if backup.is_dir() and not os.path.lexists(target):  # the recovery rule
+            os.rename(backup, target)
+            log(f"restored {target} from {backup.name}, left by an interrupted run")
+        for p in _leftovers(target):
+            if p != stage:
+                _discard(p, target)
+                log(f"removed {p}, left by an interrupted run")
+        stage.mkdir(exist_ok=True)  # (gone if the run that held the lock before took it for a leftover)
         try:
             yield stage
         except OSError as e:  # disk full, read-only, ... while writing the set: one line; out_dir is untouched
@@ -552,19 +449,23 @@ def staged_dataset(out_dir):
             raise PrepareError(f"could not write {e.filename or stage} ({e.strerror or e}); {target} was left "
                                f"as it was. {_WRITE_ERRNOS[e.errno]}") from None
         _check_stage(stage)
-        _swap_in(stage, target)
-    except BaseException:
-        if stage.exists():
-            shutil.rmtree(stage, ignore_errors=True)
-        raise
-
-
-_WRITE_ERRNOS = {
-    errno.ENOSPC: "Free some disk space, or give an --out_dir on another disk",
-    errno.EDQUOT: "Free some space within your disk quota, or give an --out_dir on another disk",
-    errno.EFBIG: "The file system limits file sizes: give an --out_dir on another file system",
-    errno.EROFS: "Give an --out_dir on a writable file system",
-}  # only errors that a write alone raises (EACCES can also be an input file's)
+        for path in [*stage.iterdir(), stage]:
+            _fsync(path)  # the new set is on disk before it is named
+        if os.path.lexists(target):
+            _check_target(target)  # again: files may have been added while the script ran
+            os.rename(target, backup)
+        try:
+            os.rename(stage, target)
+        except BaseException:
+            if os.path.lexists(backup):
+                os.rename(backup, target)
+            raise
+        _fsync(target.parent)
+        if backup.exists():
+            _discard(backup, target)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        unlock_folder(target, lock)
 
 
 # -----------------------------------------------------------------------------
@@ -685,7 +586,7 @@ def _check(data_dir, splits, scan=True, hint=None):
         raise PrepareError(_one_line(f"{path}: {what}; {h}"))
 
     if not data_dir.is_dir():
-        left = [p.name for _, _, p in _leftovers(dataset_target(data_dir))]
+        left = [p.name for p in _leftovers(dataset_target(data_dir))]
         fail(data_dir, "no such dataset folder" + (
             f" (an interrupted prepare run left {_names(left)} beside it; re-running the command restores or "
             "replaces the dataset)" if left else ""))
@@ -776,6 +677,16 @@ def check_dataset(data_dir, splits=("train", "val")):
     a token id >= vocab_size, a mask that scores no token. The scans read
     CHECK_CHUNK tokens at a time, so memory stays small."""
     return _check(data_dir, tuple(splits))
+
+
+def _check_stage(stage):
+    """A staged set must be complete and agree with its meta.json (staged_dataset)."""
+    have = sorted(p.name[:-4] for p in stage.glob("*.bin") if not p.name.endswith("_mask.bin"))
+    meta = _check(stage, have, scan=False, hint="a bug in the prepare script")
+    tokens = meta.get("tokens")
+    if not isinstance(meta.get("prepare"), str) or not isinstance(tokens, dict) or sorted(tokens) != have:
+        raise PrepareError(f"{stage / 'meta.json'}: no \"prepare\" command, or \"tokens\" does not list the splits "
+                           f"{have} (a bug in the prepare script)")
 
 
 # -----------------------------------------------------------------------------
@@ -936,6 +847,14 @@ def download(url, dest, hint, timeout=15.0):
         raise PrepareError(f"could not download {url} ({e}). {hint}") from e
     os.replace(part, dest)
     return dest
+
+
+def input_or_download(path, url, out_dir, hint):
+    """--input's path when given; else url's file, downloaded once (download) into the
+    dataset's download cache, out_dir/raw/, which a re-run keeps."""
+    if path is not None:
+        return path
+    return download(url, dataset_target(out_dir) / DOWNLOADS / url.rsplit("/", 1)[-1], hint)
 
 
 def run_main(main_fn, argv=None):

@@ -35,7 +35,6 @@ half open) and the bases dropped. Contigs never span a split boundary.
 Context for the paper's model: 1000 tokens (config/genome_*.py).
 """
 
-import argparse
 import gzip
 import re
 import sys
@@ -202,21 +201,14 @@ def _norm(name):
 # main
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", help="FASTA file (.fa/.fa.gz) or folder of them (without it: download " + URL + ")")
-    p.add_argument("--out_dir", default=str(common.default_out_dir(NAME)), help="output folder (default data/genome)")
+    p = common.script_parser(__doc__, NAME, help="FASTA file (.fa/.fa.gz) or folder of them (without it: download "
+                             + URL + ")")
     p.add_argument("--val_chroms", default="", help="comma list of records held out as val, e.g. 21 (default: regions)")
     p.add_argument("--test_chroms", default="", help="comma list of records held out as test, e.g. 22 (default: regions)")
     p.add_argument("--chroms", default="", help="comma list of records to use at all (default: every record)")
     p.add_argument("--holdout_frac", type=float, default=0.01,
                    help="fraction of each record's coordinates held out per split when no chromosome is given")
     return p
-
-
-def rebuild_command(args):
-    """meta["prepare"]: the command line that rebuilds this dataset (see common.command_line)."""
-    return common.command_line(NAME, build_parser(), args)
 
 
 def main(argv=None):
@@ -231,11 +223,8 @@ def main(argv=None):
     f = args.holdout_frac
 
     with common.staged_dataset(out_dir) as stage:
-        if args.input is None:
-            src = common.download(URL, common.dataset_target(out_dir) / common.DOWNLOADS / "hg38.fa.gz",
-                                  hint=f"Download {URL} (or any reference FASTA, plain or gzip) and pass it with --input FILE.")
-        else:
-            src = args.input
+        src = common.input_or_download(args.input, URL, out_dir, f"Download {URL} (or any reference FASTA, plain or "
+                                       "gzip) and pass it with --input FILE.")
         stats = {s: {"bases": 0, "contigs": 0} for s in common.SPLITS}
         records, regions, dropped, seen = [], {}, 0, set()
         with common.split_writers(stage, common.SPLITS) as writers:
@@ -280,7 +269,7 @@ def main(argv=None):
         counts = {s: w.count for s, w in writers.items()}
         meta = {
             "format": NAME,
-            "prepare": rebuild_command(args),
+            "prepare": common.command_line(NAME, build_parser(), args),
             "vocab_size": VOCAB_SIZE,
             "dtype": "uint16",
             "itos": ITOS,

@@ -39,7 +39,6 @@ token of a split is scored exactly once: the scored tokens are 4 x steps
 (train 220,912, val 73,632, test 75,600), the paper's test NLL per token.
 """
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -251,22 +250,14 @@ def save_sample(ids, meta, path_without_ext):
 # main
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", help="Jsb16thSeparated.json, or a folder holding it "
-                                   "(without it: download the .json from " + URL + ")")
+    p = common.script_parser(__doc__, NAME, help="Jsb16thSeparated.json, or a folder holding it "
+                                                 "(without it: download the .json from " + URL + ")")
     p.add_argument("--allow_pickle", action="store_true",
                    help="also read the .npz form (Jsb16thSeparated.npz). DANGEROUS: it stores object arrays, which "
                         "numpy can only read by unpickling, and unpickling a crafted file runs arbitrary code; "
                         "use it only for files you trust (the .json holds the same data, with no pickle)")
-    p.add_argument("--out_dir", default=str(common.default_out_dir(NAME)), help="output folder (default data/jsb)")
     p.add_argument("--max_len", type=int, default=2048, help="row length in tokens (default 2048)")
     return p
-
-
-def rebuild_command(args):
-    """meta["prepare"]: the command line that rebuilds this dataset (see common.command_line)."""
-    return common.command_line(NAME, build_parser(), args)
 
 
 def main(argv=None):
@@ -275,11 +266,7 @@ def main(argv=None):
         raise common.PrepareError("--max_len must be at least 5 (one start token and one step)")
     out_dir = Path(args.out_dir)
     with common.staged_dataset(out_dir) as stage:
-        if args.input is None:
-            src = common.download(URL, common.dataset_target(out_dir) / common.DOWNLOADS / "Jsb16thSeparated.json",
-                                  hint=f"Download {URL} and pass it with --input FILE.")
-        else:
-            src = args.input
+        src = common.input_or_download(args.input, URL, out_dir, f"Download {URL} and pass it with --input FILE.")
         pieces, src = load_pieces(src, allow_pickle=args.allow_pickle)
 
         counts, scored, extra, n_rows, n_split = {}, {}, {}, {}, {}
@@ -299,7 +286,7 @@ def main(argv=None):
             extra[split] = f"{len(plist)} chorales, {len(rows)} rows, {scored[split]:,} scored"
         meta = {
             "format": NAME,
-            "prepare": rebuild_command(args),
+            "prepare": common.command_line(NAME, build_parser(), args),
             "vocab_size": len(ITOS),
             "dtype": "uint16",
             "itos": ITOS,

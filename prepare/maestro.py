@@ -43,7 +43,6 @@ transposing the MIDI, which tests check); one that would push a note out of
 21..109 is left out and counted (transpositions_skipped).
 """
 
-import argparse
 import csv
 import os
 import sys
@@ -232,30 +231,21 @@ def read_rows(csv_path):
 
 
 def fetch(out_dir):
-    raw = out_dir / "raw"
-    z = common.download(URL, raw / "maestro-v3.0.0-midi.zip",
-                        hint=f"Download {URL}, unzip it, and pass the folder holding maestro-v3.0.0.csv with --input DIR.")
-    folder = raw / "maestro-v3.0.0"
+    z = common.input_or_download(None, URL, out_dir, f"Download {URL}, unzip it, and pass the folder holding "
+                                 "maestro-v3.0.0.csv with --input DIR.")
+    folder = z.parent / "maestro-v3.0.0"
     if not folder.exists():
         with zipfile.ZipFile(z) as zf:
-            zf.extractall(raw)
+            zf.extractall(z.parent)
     return folder
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", help="MAESTRO folder with maestro-v*.csv and the MIDI files (without it: download " + URL + ")")
-    p.add_argument("--out_dir", default=str(common.default_out_dir(NAME)), help="output folder (default data/maestro)")
+    p = common.script_parser(__doc__, NAME, help="MAESTRO folder with maestro-v*.csv and the MIDI files (without it: "
+                                                 "download " + URL + ")")
     p.add_argument("--transpose", type=int, default=3, help="train transpositions up to +-N semitones (default 3, 0 = none)")
     p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenizer worker processes")
     return p
-
-
-def rebuild_command(args):
-    """meta["prepare"]: the command line that rebuilds this dataset (see common.command_line;
-    --num_proc does not change the output and is left out)."""
-    return common.command_line(NAME, build_parser(), args)
 
 
 def main(argv=None):
@@ -266,7 +256,7 @@ def main(argv=None):
     tok = make_tokenizer()  # fails fast, naming miditok, when it is missing
     common.require("symusic", "miditok", "reading MIDI (symusic, installed with miditok)")
     with common.staged_dataset(out_dir) as stage:
-        folder = Path(args.input) if args.input else fetch(common.dataset_target(out_dir))
+        folder = Path(args.input) if args.input else fetch(out_dir)
         csv_path = find_csv(folder)
         rows = read_rows(csv_path)
         itos = itos_of(tok)
@@ -313,7 +303,7 @@ def main(argv=None):
         counts = {s: w.count for s, w in writers.items()}
         meta = {
             "format": NAME,
-            "prepare": rebuild_command(args),
+            "prepare": common.command_line(NAME, build_parser(), args),
             "vocab_size": len(itos),
             "dtype": "uint16",
             "itos": itos,

@@ -30,7 +30,6 @@ to train and every --val_input document to val (a held-out corpus, e.g. long
 documents for eval_extrapolation.py).
 """
 
-import argparse
 import itertools
 import json
 import math
@@ -162,23 +161,14 @@ def hf_documents():
 # main
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", nargs="+", help="one or more .jsonl/.json/.txt files or folders of them "
-                   "(without it: HF " + HF_ID + ")")
+    p = common.script_parser(__doc__, NAME, nargs="+", help="one or more .jsonl/.json/.txt files or folders of them "
+                                                            "(without it: HF " + HF_ID + ")")
     p.add_argument("--val_input", nargs="+", help="files or folders whose documents form val (all of "
                    "--input then goes to train)")
-    p.add_argument("--out_dir", default=str(common.default_out_dir(NAME)), help="output folder (default data/openwebtext)")
     p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenizer worker processes")
     p.add_argument("--text_field", default="text", help="JSON field holding the text (default text)")
     p.add_argument("--txt_doc_sep", default="\n\n\n", help="document separator in .txt files ('' = whole file)")
     return p
-
-
-def rebuild_command(args):
-    """meta["prepare"]: the command line that rebuilds this dataset (see common.command_line;
-    --num_proc does not change the output and is left out)."""
-    return common.command_line(NAME, build_parser(), args)
 
 
 def main(argv=None):
@@ -235,7 +225,7 @@ def main(argv=None):
         counts = {s: w.count for s, w in writers.items()}
         meta = {
             "format": NAME,
-            "prepare": rebuild_command(args),
+            "prepare": common.command_line(NAME, build_parser(), args),
             "tokenizer": "gpt2",
             "vocab_size": 50257,
             "dtype": "uint16",

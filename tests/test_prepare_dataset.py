@@ -101,9 +101,8 @@ def test_exception_after_some_splits_leaves_the_old_set(old_set, monkeypatch, sp
     assert snapshot(out) == old and beside(out) == []
 
 
-def test_failure_inside_the_fallback_swap_puts_the_old_set_back(old_set, monkeypatch):
+def test_failure_inside_the_swap_puts_the_old_set_back(old_set, monkeypatch):
     out, old = old_set
-    monkeypatch.setattr(common, "_exchange", lambda a, b: False)
     real = os.rename
 
     def rename(a, b):
@@ -116,41 +115,29 @@ def test_failure_inside_the_fallback_swap_puts_the_old_set_back(old_set, monkeyp
     assert snapshot(out) == old and beside(out) == []
 
 
-def test_fallback_swap_without_exchange(old_set, monkeypatch):
-    out, old = old_set
-    monkeypatch.setattr(common, "_exchange", lambda a, b: False)
-    new = build(out, NEW)
-    assert new != old and beside(out) == [] and json.loads(new["meta.json"])["row_len"] == 31
-
-
 KILLER = r"""
-import os, signal, sys
+import os, signal, sys, time
 sys.path.insert(0, {repo!r})
 from prepare import common, indirect_indexing as ii
 point = sys.argv[1]
-if point == "write":  # the new train split is written into the staging folder, then a kill
+if point in ("write", "pause"):  # the new train split is written into the staging folder, then a kill (or a pause)
     real_write = common.write_bin
     def write_bin(path, arr, dtype):
         n = real_write(path, arr, dtype)
-        if path.name == "train_mask.bin":
+        if path.name == "train_mask.bin" and point == "write":
             os.kill(os.getpid(), signal.SIGKILL)
+        if path.name == "train_mask.bin":
+            print("paused", flush=True)
+            time.sleep(600)
         return n
     common.write_bin = write_bin
-elif point == "renames":  # the two-rename fallback, killed between out_dir -> .old- and staging -> out_dir
-    common._exchange = lambda a, b: False
+else:  # killed right after out_dir -> .old ("renames") or after staging folder -> out_dir ("swapped")
     real_rename = os.rename
     def rename(a, b):
         real_rename(a, b)
-        if ".old-" in os.fspath(b):
+        if (point == "renames") == os.fspath(b).endswith(".old"):
             os.kill(os.getpid(), signal.SIGKILL)
     os.rename = rename
-elif point == "exchange":  # killed right after the atomic exchange, before the old set is renamed
-    real_exchange = common._exchange
-    def exchange(a, b):
-        if not real_exchange(a, b):
-            sys.exit(77)
-        os.kill(os.getpid(), signal.SIGKILL)
-    common._exchange = exchange
 ii.main(sys.argv[2:])
 """
 
@@ -158,8 +145,6 @@ ii.main(sys.argv[2:])
 def killed_run(point, out, args):
     r = subprocess.run([sys.executable, "-c", KILLER.format(repo=str(REPO)), point] + args + ["--out_dir", str(out)],
                        capture_output=True, text=True, timeout=120)
-    if r.returncode == 77:
-        pytest.skip("this file system has no RENAME_EXCHANGE")
     assert r.returncode == -signal.SIGKILL, r.stderr
     return r
 
@@ -169,23 +154,22 @@ def test_kill_mid_write_leaves_the_old_set_and_the_next_run_cleans_up(old_set):
     r = killed_run("write", out, NEW)
     assert snapshot(out) == old
     left = beside(out)
-    assert len(left) == 1 and re.fullmatch(r"ii\.tmp-\d+", left[0]), left
+    assert len(left) == 2 and left[0] == "ii.lock" and re.fullmatch(r"ii\.tmp-\d+", left[1]), left
     assert common.check_dataset(out, common.SPLITS)["row_len"] == 23
     new = build(out, NEW)
     assert beside(out) == [] and json.loads(new["meta.json"])["row_len"] == 31, r.stderr
 
 
-def test_kill_between_the_fallback_renames_then_the_next_run_restores(old_set, monkeypatch):
+def test_kill_between_the_renames_then_the_next_run_restores(old_set, monkeypatch):
     out, old = old_set
     killed_run("renames", out, NEW)
     assert not out.exists()
     left = beside(out)
-    assert sorted(n.split("-")[0] for n in left) == ["ii.old", "ii.tmp"], left
-    old_dir = out.parent / next(n for n in left if ".old-" in n)
-    assert snapshot(old_dir) == old  # the complete old set, beside
+    assert [n.split("-")[0] for n in left] == ["ii.lock", "ii.old", "ii.tmp"], left
+    assert snapshot(out.parent / "ii.old") == old  # the complete old set, beside
     with pytest.raises(common.PrepareError) as e:
         common.check_dataset(out)
-    assert str(e.value).startswith(f"{out}: no such dataset folder") and old_dir.name in str(e.value)
+    assert str(e.value).startswith(f"{out}: no such dataset folder") and "ii.old" in str(e.value)
     # the next run first puts the old set back: a failing one leaves exactly it
     monkeypatch.setattr(ii, "generate_split", lambda *a: (_ for _ in ()).throw(RuntimeError("fail")))
     with pytest.raises(RuntimeError):
@@ -193,14 +177,34 @@ def test_kill_between_the_fallback_renames_then_the_next_run_restores(old_set, m
     assert snapshot(out) == old and beside(out) == []
 
 
-def test_kill_after_the_exchange_leaves_the_new_set(old_set):
+def test_kill_after_the_renames_leaves_the_new_set(old_set):
     out, old = old_set
-    killed_run("exchange", out, NEW)
+    killed_run("swapped", out, NEW)
     assert json.loads((out / "meta.json").read_text())["row_len"] == 31
     common.check_dataset(out, common.SPLITS)
-    left = beside(out)
-    assert len(left) == 1 and ".tmp-" in left[0] and snapshot(out.parent / left[0]) == old
+    assert beside(out) == ["ii.lock", "ii.old"] and snapshot(out.parent / "ii.old") == old
     assert build(out, OLD) == old and beside(out) == []
+
+
+def test_a_second_run_on_the_same_out_dir_is_refused(old_set):
+    """While a run writes out_dir (paused mid-write), another is refused in one line
+    naming its PID, and changes nothing; once the first is gone, a run goes through."""
+    out, old = old_set
+    first = subprocess.Popen([sys.executable, "-c", KILLER.format(repo=str(REPO)), "pause"] + NEW
+                             + ["--out_dir", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline() == "paused\n", first.stderr.read()
+        stage = f"ii.tmp-{first.pid}"
+        assert beside(out) == ["ii.lock", stage]
+        with pytest.raises(common.PrepareError) as e:
+            ii.main(OLD + ["--out_dir", str(out)])
+        assert str(e.value) == (f"{out} is in use by another run (pid {first.pid} holds {out}.lock); "
+                                "wait for it to finish")
+        assert snapshot(out) == old and beside(out) == ["ii.lock", stage]
+    finally:
+        first.kill()
+        first.communicate()
+    assert build(out, NEW) != old and beside(out) == []
 
 
 # -----------------------------------------------------------------------------
@@ -229,21 +233,6 @@ def test_a_folder_that_is_not_a_dataset_is_refused(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(common.PrepareError, match="not a folder"):
         ii.main(OLD + ["--out_dir", str(tmp_path / "file")])
-
-
-def test_leftovers_with_user_files_or_of_a_live_run_are_reported(old_set):
-    out, old = old_set
-    live = out.parent / "ii.tmp-1"  # pid 1 is always running
-    live.mkdir()
-    with pytest.raises(common.PrepareError, match=r"another prepare run \(pid 1\)"):
-        ii.main(NEW + ["--out_dir", str(out)])
-    live.rmdir()
-    dead = out.parent / "ii.old-999999999"
-    dead.mkdir()
-    (dead / "keep.txt").write_text("x")
-    with pytest.raises(common.PrepareError, match=r"ii\.old-999999999.*keep\.txt"):
-        ii.main(NEW + ["--out_dir", str(out)])
-    assert (dead / "keep.txt").exists() and snapshot(out) == old
 
 
 def test_download_cache_is_kept_across_runs_and_rescued_from_leftovers(old_set):

@@ -77,62 +77,43 @@ def test_missing_input_exits_2_with_one_line(tmp_path):
 
 
 # -----------------------------------------------------------------------------
-# configs
+# configs, read as train.py reads them: through its configurator
 
-def read_config(path):
-    scope = {}
-    exec(path.read_text(), {}, scope)
-    return {k: v for k, v in scope.items() if not k.startswith("_")}
-
-
-def train_defaults():
-    """The configurator's keys and default types, read from train.py's defaults block."""
-    src = (REPO / "train.py").read_text()
-    block = src[src.index("# I/O"):src.index("config_keys")]
-    scope = {}
-    exec(block, {}, scope)
-    return scope
+def train_config(*args):
+    """(cfg, problems): train.py's defaults with args applied by the configurator
+    (an unknown key or a wrongly typed value exits), and its list of nonsense settings."""
+    import train
+    from configurator import config_problems, configure
+    cfg, _ = configure([str(a) for a in args], {k: getattr(train, k) for k in train.config_keys})
+    return cfg, config_problems(cfg)
 
 
 @pytest.mark.parametrize("task", TASKS)
 def test_task_configs(task):
-    defaults = train_defaults()
-    pope = read_config(REPO / "config" / f"{task}.py")
-    for k, v in pope.items():
-        assert k in defaults, f"{task}: unknown key {k}"
-        want = type(defaults[k])
-        assert type(v) is want or (want is float and type(v) is int), f"{task}: {k}={v!r} is not {want.__name__}"
-    assert pope["pos_emb"] == "pope" and pope["dataset"] == task and pope["out_dir"].endswith("-pope")
-    assert pope["pope_delta_init"] == "uniform"
-    text = (REPO / "config" / f"{task}.py").read_text()
-    # one config per task: the RoPE baseline is the same file with two overrides
-    assert text.startswith("#") and f"python train.py config/{task}.py" in text
-    assert f"python train.py config/{task}.py --pos_emb=rope --out_dir={pope['out_dir'][:-5]}-rope" in text
+    """A task's one config trains PoPE, and the RoPE baseline its header gives (the same
+    file with --pos_emb=rope and another out_dir) is as valid; block_size fits the rows
+    the task's prepare script writes."""
+    path = REPO / "config" / f"{task}.py"
+    cfg, problems = train_config(path)
+    assert problems == [] and cfg["pos_emb"] == "pope" and cfg["dataset"] == task, problems
+    text = path.read_text()
+    rope = f"python train.py config/{task}.py --pos_emb=rope --out_dir={cfg['out_dir'].removesuffix('-pope')}-rope"
+    assert text.startswith("#") and f"python train.py config/{task}.py" in text and rope in text
     assert not (REPO / "config" / f"{task}_rope.py").exists()
-    # JSB: the paper's 3k iterations overfit our runs; config/jsb.py runs 1k, chosen on val (RESULTS.md)
-    paper = {"indirect_indexing": (8, 8, 512, 100_000), "jsb": (6, 8, 256, 1_000),
-             "maestro": (6, 8, 384, 60_000), "genome": (16, 16, 1024, None)}[task]
-    assert (pope["n_layer"], pope["n_head"], pope["n_embd"]) == paper[:3]
-    if paper[3]:
-        assert pope["max_iters"] == paper[3]
-    if task == "indirect_indexing":
-        assert (pope["batch_size"], pope["learning_rate"], pope["min_lr"], pope["warmup_iters"], pope["beta2"]) == \
-            (64, 2e-4, 2e-5, 4000, 0.99)
-        assert pope["block_size"] == 52 - 1
-    if task == "jsb":
-        assert pope["block_size"] >= 2048 - 1
-    if task == "maestro":
-        assert pope["block_size"] == 2048
-    if task == "genome":
-        assert pope["block_size"] == 1000
+    rope_cfg, problems = train_config(path, *rope.split()[3:])
+    assert problems == [] and rope_cfg["pos_emb"] == "rope" and rope_cfg["out_dir"] != cfg["out_dir"], problems
+    if task == "indirect_indexing":  # rows of row_len tokens: x = row[:-1]
+        from prepare import indirect_indexing as ii
+        assert cfg["block_size"] == ii.row_len_for(ii.MAX_LEN, ii.MAX_SHIFT) - 1
+    if task == "jsb":  # a chorale per row of --max_len tokens
+        from prepare import jsb
+        assert cfg["block_size"] >= jsb.build_parser().get_default("max_len") - 1
 
 
 def test_quick_config_matches_quick_data():
     from prepare import indirect_indexing as ii
-    cfg = read_config(REPO / "config" / "indirect_indexing_quick.py")
-    defaults = train_defaults()
-    assert all(k in defaults for k in cfg)
-    assert cfg["dataset"] == ii.QUICK["name"] and cfg["pos_emb"] == "pope"
-    assert cfg["block_size"] == ii.row_len_for(ii.QUICK["max_len"], ii.QUICK["max_shift"]) - 1 == 22
+    cfg, problems = train_config(REPO / "config" / "indirect_indexing_quick.py")
+    assert problems == [] and cfg["dataset"] == ii.QUICK["name"] and cfg["pos_emb"] == "pope"
+    assert cfg["block_size"] == ii.row_len_for(ii.QUICK["max_len"], ii.QUICK["max_shift"]) - 1
     assert (cfg["device"], cfg["dtype"], cfg["compile"]) == ("cpu", "float32", False)
     assert "python prepare/indirect_indexing.py --quick" in (REPO / "config" / "indirect_indexing_quick.py").read_text()

@@ -2,6 +2,7 @@
 loss masks and fixed rows, sample.py, 2-process DDP (gloo), the configurator."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -101,25 +102,29 @@ def test_train_mask_false_trains_on_every_token(data_root, tmp_path):
     sys.path.insert(0, ROOT)
     from model import GPT, GPTConfig
     from prepare.common import Data, make_gen
-    seed = int(np.random.default_rng().integers(1 << 30))
+    # the same model and batch as train.py's iteration 0, scored independently, for a seed whose
+    # batch tells the two losses apart (they differ by less than the tolerance for some seeds)
+    data, rng = Data(str(data_root / "rows"), 32, ["train", "val"]), np.random.default_rng()
+    while True:
+        seed = int(rng.integers(1 << 30))
+        torch.manual_seed(seed)
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=20)).double().eval()
+        x, y, m = data.batch("train", data.starts("train", 4, make_gen(seed, 0, 0)), "cpu")
+        with torch.no_grad():
+            nll = F.cross_entropy(model(x, y)[0].double().flatten(0, 1), y.flatten(), reduction="none").view_as(y)
+        want = {True: float((nll * m).sum() / m.sum()), False: float(nll.mean())}
+        if abs(want[True] - want[False]) > 1e-3:
+            break
+    assert m.sum() == 4, seed
     args = [os.path.join(ROOT, "train.py"), f"--data_dir={data_root}", "--dataset=rows"] + TINY + [
         "--max_iters=1", "--eval_interval=1", "--gradient_accumulation_steps=1", f"--seed={seed}"]
     recs = {}
     for flag in (True, False):
         run(args + [f"--out_dir=o{flag}", f"--train_mask={flag}"], tmp_path)
         recs[flag] = [json.loads(line) for line in open(tmp_path / f"o{flag}" / "metrics.jsonl")]
-    # the same model and batch as train.py's iteration 0, scored independently
-    data = Data(str(data_root / "rows"), 32, ["train", "val"])
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=20)).double().eval()
-    x, y, m = data.batch("train", data.starts("train", 4, make_gen(seed, 0, 0)), "cpu")
-    with torch.no_grad():
-        nll = F.cross_entropy(model(x, y)[0].double().flatten(0, 1), y.flatten(), reduction="none").view_as(y)
-    want = {True: (nll * m).sum() / m.sum(), False: nll.mean()}
-    assert m.sum() == 4 and float(want[True]) != pytest.approx(float(want[False]), abs=1e-3), seed
     for flag in (True, False):
         got = next(r["loss"] for r in recs[flag] if r.get("iter") == 0 and "loss" in r)
-        assert got == pytest.approx(float(want[flag]), abs=1e-4), (seed, flag, got, float(want[flag]))
+        assert got == pytest.approx(want[flag], abs=1e-4), (seed, flag, got, want[flag])
     # the eval before the first step is the same (masked) evaluation for both settings
     ev = {flag: next(r["eval"] for r in recs[flag] if "eval" in r) for flag in (True, False)}
     assert ev[True] == ev[False] and ev[False]["val"]["tokens"] == 2 * 4, seed
@@ -187,6 +192,11 @@ NONSENSE = {  # setting: what the one-line error must say
     "--learning_rate=0.0": "learning_rate must be a finite number > 0",
     "--dropout=1.0": "dropout must be in [0, 1)",
 }
+MODEL_RULES = {  # the model's own rules: the configurator builds a GPTConfig, which says them
+    "--pos_emb=alibi": "pos_emb must be 'pope', 'rope' or 'none', got 'alibi'",
+    "--n_head=5": "n_embd=768 must be divisible by n_head=5",
+    "--attn_impl=cuda": "attn_impl must be 'auto', 'torch' or 'triton', got 'cuda'",
+}
 
 
 def test_nonsense_settings_are_refused(data_root, tmp_path):
@@ -194,14 +204,21 @@ def test_nonsense_settings_are_refused(data_root, tmp_path):
     command line, nothing is written and the exit status is not 0."""
     sys.path.insert(0, ROOT)
     import train
+    from configurator import config_problems, configure
+    from model import GPTConfig
     defaults = {k: getattr(train, k) for k in train.config_keys}
-    for setting, msg in NONSENSE.items():
-        cfg, given = train.configure([setting], defaults)
-        problems = train.config_problems(cfg)
+    for setting, msg in {**NONSENSE, **MODEL_RULES}.items():
+        cfg, given = configure([setting], defaults)
+        key, value = setting[2:].split("=")
+        problems = config_problems(cfg)
         line = [p for p in problems if msg in p]
-        assert line, (setting, problems)
-        assert setting.split("=")[0][2:] + "=" in line[0]
-    assert train.config_problems(dict(defaults)) == []
+        assert len(line) == 1 and key in line[0] and value in line[0], (setting, problems)
+        if setting in MODEL_RULES:
+            with pytest.raises(ValueError, match=re.escape(msg)):
+                GPTConfig(**{key: cfg[key]})
+    assert config_problems(dict(defaults)) == []
+    assert config_problems(configure(["--n_head=0"], defaults)[0]) == [  # not also "must be divisible by n_head=0"
+        "n_layer, n_head and n_embd must be >= 1 (got n_layer=12, n_head=0, n_embd=768)"]
     p = run([os.path.join(ROOT, "train.py"), f"--data_dir={data_root}", "--dataset=toy", "--out_dir=o"] + TINY
             + ["--batch_size=0", "--eval_interval=0"], tmp_path, check=False)
     assert p.returncode != 0 and "batch_size must be >= 1" in p.stderr and "eval_interval must be >= 1" in p.stderr
@@ -309,3 +326,94 @@ def test_sample_refuses_nonsense_settings(tmp_path):
         assert p.returncode == 2 and msg in p.stderr, (arg, p.stderr[-300:])
     p = run([os.path.join(ROOT, "sample.py"), "--out_dir=nothing", "--device=cpu"], tmp_path, check=False)
     assert p.returncode == 1 and "checkpoint nothing/ckpt.pt not found" in p.stderr
+
+
+# -----------------------------------------------------------------------------
+# the optimizer step: one function, train_step, which the eager loop runs and
+# GraphedStep captures (bench.py check compares the two on a GPU)
+
+def test_the_eager_loop_runs_train_step(data_root, tmp_path, monkeypatch, capsys):
+    """With train_step wrapped, every iteration goes through it, and the losses
+    train.py logs are the ones it returned."""
+    sys.path.insert(0, ROOT)
+    import train
+    real, returned = train.train_step, []
+
+    def spy(*args):
+        loss = real(*args)
+        returned.append(loss.item())
+        return loss
+    monkeypatch.setattr(train, "train_step", spy)
+    train.main([f"--data_dir={data_root}", "--dataset=toy", f"--out_dir={tmp_path / 'o'}", "--max_iters=5",
+                "--eval_interval=100", "--gradient_accumulation_steps=2"] + TINY)
+    logged = losses(tmp_path / "o")
+    assert len(returned) == 5 and [logged[i] for i in range(5)] == returned, (logged, returned)
+
+
+def test_train_step_against_float64_formulas(data_root):
+    """Two train_steps of a float64 model against a float64 recomputation from the
+    formulas: the loss averaged over accum micro-batches, the gradient clipped to total
+    norm grad_clip, AdamW (bias-corrected moments, decoupled weight decay on the 2-D
+    weights but PoPE's delta) and delta projected into [-2pi, 0]."""
+    import copy
+    import math
+    sys.path.insert(0, ROOT)
+    from contextlib import nullcontext
+    from model import GPT, GPTConfig
+    from prepare.common import Data, make_gen
+    from train import train_step
+    seed = int(np.random.default_rng().integers(1 << 30))
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=11, vocab_size=20, pope_delta_init="uniform",
+                          pope_delta_bound="project", attn_impl="torch")).double()
+    with torch.no_grad():  # half of delta above 0, half below -2pi: a step of lr leaves them out, to be projected
+        model.transformer.h[0].attn.delta[:, 0::2] = 1.0
+        model.transformer.h[0].attn.delta[:, 1::2] = -7.0
+    ref = copy.deepcopy(model)
+    lr, wd, (b1, b2), clip, accum, eps = 0.05, 0.1, (0.9, 0.95), 0.1, 2, 1e-8
+    opt = model.configure_optimizers(wd, lr, (b1, b2), "cpu")
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    data = Data(str(data_root / "rows"), 11, ["train"])
+    batches = [[data.batch("train", data.starts("train", 4, make_gen(seed, it, micro)), "cpu")
+                for micro in range(accum)] for it in range(2)]
+    got = [train_step(model, model, opt, scaler, nullcontext(), accum, clip, lambda micro: batches[it][micro]).item()
+           for it in range(2)]
+
+    params = dict(ref.named_parameters())
+    moments = {n: (torch.zeros_like(p), torch.zeros_like(p)) for n, p in params.items()}
+    want, clamped = [], 0
+    for it in range(2):
+        # the model's masked cross-entropy (checked against float64 in test_train_mask_false_...) of each micro-batch
+        loss = sum(ref(x, y, m)[1] for x, y, m in batches[it]) / accum
+        want.append(loss.item())
+        grads = dict(zip(params, torch.autograd.grad(loss, list(params.values()))))
+        norm = math.sqrt(sum(float((g ** 2).sum()) for g in grads.values()))
+        with torch.no_grad():
+            for n, p in params.items():
+                g = grads[n] * min(1.0, clip / (norm + 1e-6))
+                m1, m2 = moments[n]
+                m1.mul_(b1).add_((1 - b1) * g)
+                m2.mul_(b2).add_((1 - b2) * g * g)
+                if p.dim() >= 2 and not n.endswith("attn.delta"):
+                    p.mul_(1 - lr * wd)
+                p.sub_(lr * (m1 / (1 - b1 ** (it + 1))) / ((m2 / (1 - b2 ** (it + 1))).sqrt() + eps))
+                if n.endswith("attn.delta"):
+                    clamped += int(((p < -2 * math.pi) | (p > 0)).sum())
+                    p.clamp_(-2 * math.pi, 0.0)
+    assert clamped > 0 and norm > clip, (seed, clamped, norm)  # the projection and the clipping both acted
+    assert got == pytest.approx(want, rel=1e-12), (seed, got, want)
+    for n, p in model.named_parameters():
+        assert torch.allclose(p, params[n], rtol=1e-5, atol=1e-7), (seed, n, (p - params[n]).abs().max().item())
+
+
+def test_bench_train_graph_check_compares_the_logged_losses(capsys, monkeypatch):
+    """bench.py check's comparison of graphed and eager train.py steps, run on the CPU
+    with both runs eager: equal runs pass; a run with another learning rate fails."""
+    sys.path.insert(0, ROOT)
+    import bench
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the train.py processes (on 2 shared cores, 2 threads crawl)
+    assert bench.train_graph_check(steps=3, device="cpu", graphed=(), pos_embs=("rope",))
+    out = capsys.readouterr().out
+    assert out.startswith("ok  rope: 3 graphed steps vs 3 eager") and "largest |difference| 0.0e+00" in out, out
+    assert not bench.train_graph_check(steps=3, device="cpu", graphed=("--learning_rate=3e-2",), pos_embs=("rope",))
+    assert capsys.readouterr().out.startswith("BAD rope: 3 graphed steps vs 3 eager")
