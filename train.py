@@ -27,7 +27,6 @@ import errno
 import json
 import math
 import os
-import pickle
 import random
 import re
 import shlex
@@ -42,10 +41,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from model import (GPT, CheckpointError, GPTConfig, check_checkpoint_file, checkpoint_model_args,
-                   kernel_unsupported_reason)
-from prepare.common import (Data, PrepareError, data_changes, lock_folder, make_gen, unlock_folder, write_atomic,
-                            write_json)
+from model import GPT, GPTConfig, check_checkpoint_file, checkpoint_model_args, kernel_unsupported_reason
+from prepare.common import (Data, PrepareError, checkpoint_error, data_changes, lock_folder, make_gen, unlock_folder,
+                            write_atomic, write_json)
 
 # -----------------------------------------------------------------------------
 # defaults: the paper's OpenWebText setup at 124M (RMSNorm, head dim 64, batch
@@ -344,15 +342,8 @@ def resume_config(cfg, given, defaults, argv):
         check_checkpoint_file(path)  # empty, cut short, or a CRC that does not match: refused
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         ckpt["model_args"] = checkpoint_model_args(ckpt, path)
-    except CheckpointError as e:
-        sys.exit(f"error: {e}")
-    except pickle.UnpicklingError:
-        sys.exit(f"error: {path} is refused: it holds Python objects other than tensors and plain types, and loading "
-                 "them would run code from the file; train.py's checkpoints hold none, so another program made it")
-    except Exception as e:  # noqa: BLE001
-        why = re.sub(r"\x1b\[[0-9;]*m", "", (str(e).splitlines() or [""])[0])[:160]
-        sys.exit(f"error: cannot load {path} ({type(e).__name__}: {why}); train.py writes checkpoints of "
-                 "tensors and plain types only, so this file was made by another program or an older version")
+    except Exception as e:  # noqa: BLE001  (the one line sample.py and the eval scripts print too)
+        sys.exit(f"error: {checkpoint_error(path, e)}")
     if cfg["init_from"] != "resume":
         return cfg, ckpt
     lacks = [k for k in ("optimizer", "iter_num", "best_val_loss", "config") if k not in ckpt]
@@ -381,7 +372,7 @@ def claim_out_dir(cfg):
     """One run per out_dir: an flock on out_dir/.lock, held until this process ends
     (under DDP, rank 0's). And a new run never replaces a run's checkpoint unless asked."""
     try:
-        lock_folder(cfg["out_dir"], "wait for it to end, or pick another --out_dir")
+        lock_folder(cfg["out_dir"], "pick another --out_dir")
     except PrepareError as e:
         sys.exit(f"error: {e}")
     ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
@@ -571,6 +562,7 @@ def main(argv):
 
     t0, it0, it_start = time.time(), iter_num, iter_num  # it0: first iteration of the timing window
     running_mfu, timed_s, timed_iters = -1.0, 0.0, 0  # the ETA's rate: the mean step time, evals and warm-up left out
+    ours = cfg["init_from"] == "resume"  # out_dir's checkpoint is this run's (a resume, or once it saved)
     while True:
         lr = get_lr(iter_num, cfg)
         if graphed is None:
@@ -609,8 +601,11 @@ def main(argv):
                     write_atomic(ckpt_path, lambda tmp: torch.save(state, tmp))
                 except (OSError, RuntimeError) as e:  # a full or read-only disk; torch.save says RuntimeError
                     why = getattr(e, "strerror", None) or (str(e).splitlines() or [""])[-1][:160]
-                    sys.exit(f"error: could not write {ckpt_path} ({why}); the checkpoint there before is intact. "
-                             "Free disk space (or make out_dir writable) and resume with --init_from=resume")
+                    kept = ("the checkpoint there before is intact", "resume with --init_from=resume") if ours else \
+                        ("this run saved no checkpoint", "start it again")
+                    sys.exit(f"error: could not write {ckpt_path} ({why}); {kept[0]}. Free disk space (or make "
+                             f"out_dir writable) and {kept[1]}")
+                ours = True
                 print(f"saved checkpoint to {ckpt_path}")
             t0, it0 = time.time(), iter_num  # keep eval time out of the step timing
         if last:

@@ -182,7 +182,8 @@ def lock_folder(folder, hint):
     process: one writer per folder (train.py: one run per out_dir). The OS drops
     the lock when the process ends, however it ends; a normal exit also deletes the
     file. Raises PrepareError, with hint, when another process holds it (naming its
-    PID) or when the file cannot be created (a read-only folder)."""
+    PID; the line says to wait for it to end, or hint) or when the file cannot be
+    created (a read-only folder)."""
     import atexit
     import fcntl
     import time
@@ -206,7 +207,8 @@ def lock_folder(folder, hint):
                 time.sleep(0.05)
             os.close(fd)
             who = f"pid {pid}" if pid is not None else "a process whose PID it does not record"
-            raise PrepareError(f"{folder} is in use by another run ({who} holds {path}); {hint}") from None
+            raise PrepareError(f"{folder} is in use by another run ({who} holds {path}); wait for it to end, "
+                               f"or {hint}") from None
         try:  # a holder that ended deleted the file after we opened it: lock the path's current file
             if os.path.samestat(os.stat(path), os.fstat(fd)):
                 break
