@@ -19,7 +19,6 @@ import dataclasses
 import difflib
 import math
 import os
-import pickle
 import random
 import re
 import shlex
@@ -30,8 +29,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from model import CheckpointError, GPTConfig, check_checkpoint_file, checkpoint_model_args
-from prepare.common import PrepareError, data_changes, lock_folder
+from model import GPTConfig, check_checkpoint_file, checkpoint_model_args
+from prepare.common import PrepareError, checkpoint_error, data_changes, lock_folder
 
 MODEL_KEYS = [f.name for f in dataclasses.fields(GPTConfig) if f.name != "vocab_size"]  # (the data sets the vocabulary)
 RESUME_MAY_CHANGE = ("attn_impl", "dropout")  # model keys a resumed run may set anew
@@ -185,15 +184,8 @@ def resume_config(cfg, given, defaults, argv):
         check_checkpoint_file(path)  # empty, cut short, or a CRC that does not match: refused
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         ckpt["model_args"] = checkpoint_model_args(ckpt, path)
-    except CheckpointError as e:
-        sys.exit(f"error: {e}")
-    except pickle.UnpicklingError:
-        sys.exit(f"error: {path} is refused: it holds Python objects other than tensors and plain types, and loading "
-                 "them would run code from the file; train.py's checkpoints hold none, so another program made it")
-    except Exception as e:  # noqa: BLE001
-        why = re.sub(r"\x1b\[[0-9;]*m", "", (str(e).splitlines() or [""])[0])[:160]
-        sys.exit(f"error: cannot load {path} ({type(e).__name__}: {why}); train.py writes checkpoints of "
-                 "tensors and plain types only, so this file was made by another program or an older version")
+    except Exception as e:  # noqa: BLE001  (the one line sample.py and the eval scripts print too)
+        sys.exit(f"error: {checkpoint_error(path, e)}")
     if cfg["init_from"] != "resume":  # a fine-tune: the model keys the source decides are its
         cfg = {**cfg, **{k: ckpt["model_args"][k] for k in FINETUNE_KEEPS}}
         if cfg["rope_scaling_orig_len"] == 0 and cfg["rope_scaling"] > 1.0:

@@ -35,7 +35,7 @@ from urllib.parse import urlparse
 import torch
 import torch.nn.functional as F
 
-from model import load_checkpoint
+from model import check_checkpoint_file, checkpoint_model_args, load_checkpoint
 from prepare.common import PrepareError, check_writable, checkpoint_error, codec, write_json
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -118,15 +118,12 @@ def make_lm(model, encode, *, batch_size=8, device="cpu", vocab_size=50257):
 
 def check_checkpoint(path):
     """(meta, encode) of a checkpoint; a one-line error for anything but a GPT-2-tokenized model."""
-    try:
+    try:  # every checkpoint before any task runs: else a damaged one stops the run after the others' tasks
+        check_checkpoint_file(path)  # empty, cut short, a CRC that does not match
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        checkpoint_model_args(ckpt, path)  # a bare tensor or state_dict
     except Exception as e:  # noqa: BLE001  (a file that needs pickle is refused: it would run code)
         die(checkpoint_error(path, e))
-    if not (isinstance(ckpt, dict) and {"model", "model_args"} <= set(ckpt)):
-        what = (f"a dict with keys {sorted(map(str, ckpt))[:6]}" if isinstance(ckpt, dict)
-                else f"a {type(ckpt).__name__}")
-        die(f"{path} is not a train.py checkpoint (it holds {what}, not the model and model_args train.py saves); "
-            "pass the out_dir/ckpt.pt that train.py writes")
     meta = ckpt.get("meta") or {}
     if meta.get("tokenizer") != "gpt2":
         kind = "a character/token list (itos)" if "itos" in meta else "no GPT-2 tokenizer"

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import apply_rope, load_checkpoint, pope_frequencies, yarn_inv_freq
-from prepare.common import PrepareError, codec, write_atomic, write_json
+from prepare.common import PrepareError, checkpoint_error, codec, write_atomic, write_json
 
 
 def die(msg):
@@ -212,7 +212,7 @@ def main(argv=None):
         try:
             model, ckpt = load_checkpoint(path, device)
         except Exception as e:  # noqa: BLE001 (unpickling, missing keys, shapes: all say the same)
-            die(f"could not load {path} as a train.py checkpoint: {type(e).__name__}: {e}")
+            die(checkpoint_error(path, e))
         label, T, meta = args.labels[i], model.config.block_size, ckpt.get("meta") or {}
         if args.tokens < T:
             die(f"--tokens={args.tokens} is less than one window of {path} (its block size {T})")

@@ -103,7 +103,7 @@ def main(argv=None):
         p.error(f"--context must be >= 1, got {args.context}")
     torch.manual_seed(args.seed)
     ckpt_path = args.ckpt or os.path.join(args.out_dir, "ckpt.pt")
-    if not os.path.isfile(ckpt_path):
+    if not os.path.exists(ckpt_path):  # (a folder: load_checkpoint says so)
         sys.exit(f"error: checkpoint {ckpt_path} not found; train one with train.py or pass --out_dir/--ckpt")
     try:
         model, ckpt = load_checkpoint(ckpt_path, device=device)

@@ -62,9 +62,7 @@ data_dir = "data"  # datasets live in data_dir/<dataset>/
 gradient_accumulation_steps = 4  # micro-steps per optimizer step (global, split over DDP ranks)
 batch_size = 16  # micro-batch size
 block_size = 1024
-# the training loss only on the tokens {split}_mask.bin scores (where the dataset has masks); False: on
-# every token of the training split. The eval always scores the masked tokens (its acc stays the target's)
-train_mask = True
+train_mask = True  # the loss where {split}_mask.bin scores; False: every train token (the eval keeps the masks)
 # model
 n_layer = 12
 n_head = 12
@@ -95,9 +93,7 @@ min_lr = 6e-5
 device = "auto"  # "auto" (cuda if available) | "cpu" | "cuda" | "cuda:1" ...
 dtype = "auto"  # "auto" (bfloat16 on cuda, float32 on cpu) | "float32" | "bfloat16" | "float16"
 compile = False  # torch.compile the model
-# torch.compile mode: "default" | "reduce-overhead" (CUDA graphs: small models are bound by kernel
-# launches; 2.6x (RoPE) and 4x (PoPE) faster steps for the indirect-indexing model on an H200) | "max-autotune"
-compile_mode = "default"
+compile_mode = "default"  # "default" | "reduce-overhead" (CUDA graphs, for small models) | "max-autotune"
 peak_flops = 989e12  # for MFU: dense bf16 peak of an H100/H200
 overwrite = False  # a new run (scratch or fine-tune) may replace out_dir's checkpoint and log
 # one GPU: the whole optimizer step (batch gather, forward, backward, clip, AdamW) as one CUDA graph,
@@ -282,13 +278,14 @@ def leave_ddp(out_dir):
     os._exit(0)
 
 
-def save_checkpoint(path, state):
+def save_checkpoint(path, state, ours):  # ours: path holds this run's checkpoint already
     try:  # a crash never leaves a half checkpoint
         write_atomic(path, lambda tmp: torch.save(state, tmp))
     except (OSError, RuntimeError) as e:  # a full or read-only disk; torch.save says RuntimeError
         why = getattr(e, "strerror", None) or (str(e).splitlines() or [""])[-1][:160]
-        sys.exit(f"error: could not write {path} ({why}); the checkpoint there before is intact. "
-                 "Free disk space (or make out_dir writable) and resume with --init_from=resume")
+        kept = "the checkpoint there before is intact" if ours else "this run saved no checkpoint"
+        sys.exit(f"error: could not write {path} ({why}); {kept}. Free disk space (or make out_dir writable) and "
+                 + ("resume with --init_from=resume" if ours else "start it again"))
     print(f"saved checkpoint to {path}")
 
 
@@ -304,6 +301,7 @@ def main(argv):
     ddp, rank, world, dev, dt, ctx = setup_device(cfg)
     master, accum, device_type = rank == 0, cfg["gradient_accumulation_steps"] // world, dev.split(":")[0]
     resume = cfg["init_from"] == "resume"
+    saved = resume  # out_dir's checkpoint is this run's (a resume, or once it saved)
 
     # data (checked before anything is written) and the run's folder
     splits = [s for s in cfg["eval_splits"].split(",") if s]
@@ -403,7 +401,8 @@ def main(argv):
                     "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                     "model_args": margs, "iter_num": iter_num, "best_val_loss": best_val_loss,
                     "config": cfg, "meta": data.meta, "data": data.identity, "rng": rng,
-                    "sampler": {"seed": cfg["seed"], "iter_num": iter_num, "world": world}})
+                    "sampler": {"seed": cfg["seed"], "iter_num": iter_num, "world": world}}, saved)
+                saved = True
             t0, it0 = time.time(), iter_num  # keep eval time out of the step timing
         if last:
             break

@@ -4,7 +4,8 @@ the real data samples.
 The gpt2 encoding comes from TIKTOKEN_CACHE_DIR; when it is unset, a writable
 copy of ../shared/tiktoken_cache (next to the repo) is used, as in CI. The real
 samples come from $POPE_SHARED_DATA, else ../shared/data. The fixture readonly
-makes a folder act as if on a read-only file system."""
+makes a folder act as if on a read-only file system; damage flips a bit inside a
+checkpoint's tensor data."""
 import builtins
 import errno
 import io
@@ -12,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -74,4 +76,21 @@ def readonly(monkeypatch):
         monkeypatch.setattr(os, "open", guard(os.open, 1, os_open_writes))
         monkeypatch.setattr(builtins, "open", guard(builtins.open, 1, open_writes))
         monkeypatch.setattr(io, "open", guard(io.open, 1, open_writes))
+    return apply
+
+
+@pytest.fixture
+def damage():
+    """damage(path): flip one bit in the middle of the largest tensor's bytes inside
+    the zip torch.save wrote at path (what a bad disk or copy does); returns that
+    member's name. The zip's structure stays whole: only its CRC-32 tells."""
+    def apply(path):
+        with zipfile.ZipFile(path) as z:
+            info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+        b = bytearray(Path(path).read_bytes())
+        head = info.header_offset  # local header: 30 bytes, then the name and the extra field
+        name_len, extra_len = (int.from_bytes(b[head + k:head + k + 2], "little") for k in (26, 28))
+        b[head + 30 + name_len + extra_len + info.file_size // 2] ^= 0x04
+        Path(path).write_bytes(bytes(b))
+        return info.filename
     return apply

@@ -140,6 +140,46 @@ def test_sample_says_a_pickle_checkpoint_is_refused_because_it_would_run_code(ck
     assert not (ckpts / "pwned").exists()
 
 
+def test_sample_refuses_files_that_are_not_intact_checkpoints(ckpts, tmp_path, capsys, damage):
+    """A flipped bit in the tensor data sampled with rc 0; a bare tensor or state_dict was a
+    KeyError/IndexError traceback. Each is model.CheckpointError's line, as in train.py."""
+    ck = torch.load(ckpts / "good.pt", weights_only=True)
+    shutil.copy(ckpts / "good.pt", tmp_path / "flipped.pt")
+    member = damage(tmp_path / "flipped.pt")
+    torch.save(ck["model"], tmp_path / "state.pt")
+    torch.save(torch.zeros(3, 4), tmp_path / "tensor.pt")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    (tmp_path / "cut.pt").write_bytes((ckpts / "good.pt").read_bytes()[:-200])
+    (tmp_path / "folder.pt").mkdir()
+    for name, want in (("flipped.pt", f"is corrupt: {member} fails its CRC-32 check"),
+                       ("state.pt", f"holds a bare state_dict ({len(ck['model'])} tensors such as "),
+                       ("tensor.pt", "holds a bare tensor of shape (3, 4), not a train.py checkpoint"),
+                       ("empty.pt", "is empty (0 bytes)"),
+                       ("cut.pt", "is not a checkpoint torch.save wrote, or it is cut short"),
+                       ("folder.pt", "is a folder, not a checkpoint file")):
+        msg = sample_main(capsys, f"--ckpt={tmp_path / name}", "--start=abc")
+        assert msg.startswith(f"error: {tmp_path / name} {want}"), msg
+        assert capsys.readouterr().out == ""
+
+
+def test_write_atomic_leaves_no_part_of_a_file_behind(tmp_path):
+    """A save that fails half-way (a full disk) left path.tmp holding the part written, and
+    the space it took; now the error goes through, the old file stays, the part goes."""
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(b"the old checkpoint")
+
+    def save(tmp):
+        with open(tmp, "wb") as f:
+            f.write(b"half of a new one")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)
+    with pytest.raises(OSError) as e:
+        common.write_atomic(str(path), save)
+    assert e.value.errno == errno.ENOSPC and os.listdir(tmp_path) == ["ckpt.pt"]
+    assert path.read_bytes() == b"the old checkpoint"
+    common.write_atomic(str(path), lambda tmp: Path(tmp).write_bytes(b"new"))
+    assert path.read_bytes() == b"new" and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
 def test_checkpoint_error_tells_code_from_damage(tmp_path):
     """Only a file that asks for a global is 'would run code'; junk is 'not a torch checkpoint'."""
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")

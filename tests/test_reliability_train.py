@@ -3,6 +3,7 @@ before a resume, damaged and foreign checkpoint files, read-only and full disks,
 bad config files and devices, a folder with a log but no checkpoint, and the
 progress output (the eval's bar, a smoothed ETA, MFU only on CUDA)."""
 import errno
+import fractions
 import io
 import json
 import os
@@ -13,7 +14,6 @@ import subprocess
 import sys
 import time
 import types
-import zipfile
 
 import numpy as np
 import pytest
@@ -220,32 +220,20 @@ def test_a_running_job_keeps_its_data_when_prepare_swaps_the_folder(data, tmp_pa
 # -----------------------------------------------------------------------------
 # 3. checkpoint integrity, 4. foreign checkpoint files
 
-def flip_byte_in_largest_tensor(path):
-    """Flip one bit in the middle of the largest tensor's bytes inside the zip."""
-    with zipfile.ZipFile(path) as z:
-        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
-    b = bytearray(open(path, "rb").read())
-    name_len, extra_len = int.from_bytes(b[info.header_offset + 26:info.header_offset + 28], "little"), \
-        int.from_bytes(b[info.header_offset + 28:info.header_offset + 30], "little")
-    at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
-    b[at] ^= 0x04
-    open(path, "wb").write(bytes(b))
-    return info.filename
-
-
-def test_damaged_and_foreign_checkpoints_are_refused_in_one_line(data, tmp_path):
+def test_damaged_and_foreign_checkpoints_are_refused_in_one_line(data, tmp_path, damage):
     run(train(data, "--out_dir=o", "--max_iters=2", "--eval_interval=2"), tmp_path)
     good = (tmp_path / "o" / "ckpt.pt").read_bytes()
     ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
     resume = train(data, "--out_dir=o", "--init_from=resume", "--max_iters=4")
     finetune = train(data, "--out_dir=ft", "--init_from=o/ckpt.pt", "--max_iters=2")
     # a flipped bit in the tensor data
-    member = flip_byte_in_largest_tensor(tmp_path / "o" / "ckpt.pt")
+    member = damage(tmp_path / "o" / "ckpt.pt")
     bad = (tmp_path / "o" / "ckpt.pt").read_bytes()
     assert sum(a != b for a, b in zip(good, bad)) == 1
     refused(run(resume, tmp_path, check=False), "is corrupt", member, "CRC")
     refused(run(finetune, tmp_path, check=False), "is corrupt", member)
     from model import CheckpointError, load_checkpoint  # what sample.py and the eval scripts call
+    from prepare.common import checkpoint_error
     with pytest.raises(CheckpointError, match="is corrupt"):
         load_checkpoint(str(tmp_path / "o" / "ckpt.pt"))
     assert (tmp_path / "o" / "ckpt.pt").read_bytes() == bad and not (tmp_path / "ft").exists()
@@ -263,6 +251,13 @@ def test_damaged_and_foreign_checkpoints_are_refused_in_one_line(data, tmp_path)
             "t.pt holds a bare tensor of shape (3, 4)")
     with pytest.raises(CheckpointError, match="bare tensor"):
         load_checkpoint(str(tmp_path / "t.pt"))
+    # one that needs pickle: refused because loading it would run code, in the line sample.py prints
+    torch.save({**ck, "config": {**ck["config"], "odd": fractions.Fraction(1, 3)}}, tmp_path / "pk.pt")
+    with pytest.raises(Exception) as e:
+        load_checkpoint(str(tmp_path / "pk.pt"))
+    err = refused(run(train(data, "--out_dir=ft", "--init_from=pk.pt"), tmp_path, check=False),
+                  "pk.pt: refused, because loading it would run code (it asks to call fractions.Fraction)")
+    assert err == f"error: {checkpoint_error('pk.pt', e.value)}"
     # fine-tuning on data with another vocabulary: which weights differ, and why
     open(tmp_path / "o" / "ckpt.pt", "wb").write(good)
     p = run(train(data, "--out_dir=ft", "--init_from=o/ckpt.pt", "--dataset=wide"), tmp_path, check=False)
@@ -291,13 +286,14 @@ def guard(fn, is_write=lambda *a, **k: True):
             fail(path)
         return fn(path, *a, **k)
     return wrapped
-if where == "save":  # the write of a checkpoint: a full disk
-    if code == 0:  # what torch.save itself raises on a full disk
-        def save(obj, f, *a, **k):
+if where == "save":  # the write of a checkpoint: a full disk, after part of the file was written
+    def save(obj, f, *a, **k):
+        with open(f, "wb") as part:
+            part.write(b"PK\x03\x04" + bytes(4000))
+        if code == 0:  # what torch.save itself raises on a full disk
             raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 4480 vs 4374")
-        torch.save = save
-    else:
-        torch.save = lambda obj, f, *a, **k: fail(f)
+        fail(f)
+    torch.save = save
 else:  # the whole folder is read-only
     os.open = guard(os.open, lambda flags, *a, **k: flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
     builtins.open = guard(builtins.open, lambda mode="r", *a, **k: any(c in mode for c in "wax+"))
@@ -323,7 +319,8 @@ def test_read_only_and_full_disks_get_one_line_and_keep_the_old_files(data, tmp_
     for args in (["--overwrite=True"], ["--init_from=resume", "--max_iters=4"],
                  ["--init_from=resume", "--eval_only=True"]):  # a read-only out_dir: scratch, resume, eval_only
         p = under(errno.EROFS, "ro", "o", train(data, "--out_dir=o", "--max_iters=2", "--eval_interval=2") + args)
-        refused(p, "Read-only file system", "o")
+        err = refused(p, "Read-only file system", "o")
+        assert "wait for it to end" not in err, err  # nothing to wait for
         assert files() == old, args
     # a new out_dir under a read-only folder
     os.makedirs(tmp_path / "ro")
@@ -331,10 +328,11 @@ def test_read_only_and_full_disks_get_one_line_and_keep_the_old_files(data, tmp_
     # a full disk at the checkpoint's write: resume (the checkpoint before stays) and scratch
     p = under(errno.ENOSPC, "save", "o", train(data, "--out_dir=o", "--init_from=resume", "--max_iters=4",
                                                "--eval_interval=2"))
-    refused(p, "could not write", "ckpt.pt", "No space left on device", "intact")
-    assert files()["ckpt.pt"] == old["ckpt.pt"] and "ckpt.pt.tmp" not in files()
+    refused(p, "could not write", "ckpt.pt", "No space left on device", "intact", "--init_from=resume")
+    assert files()["ckpt.pt"] == old["ckpt.pt"] and "ckpt.pt.tmp" not in files()  # the part written is gone
     p = under(0, "save", "n", train(data, "--out_dir=n", "--max_iters=2", "--eval_interval=2"))
-    refused(p, "could not write", "unexpected pos")
+    err = refused(p, "could not write", "unexpected pos", "this run saved no checkpoint", "start it again")
+    assert "intact" not in err and "--init_from=resume" not in err, err  # there is nothing to resume
     assert sorted(os.listdir(tmp_path / "n")) == ["metrics.jsonl"]
 
 
