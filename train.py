@@ -341,8 +341,7 @@ def main(argv):
         model = torch.compile(model, mode=cfg["compile_mode"])
     if ddp:
         # 100 MB buckets: under torch.compile, DDP splits the graph at every bucket, and the default
-        # 25 MB gives ~20 pieces for 124M. With gradients as views of the buckets (no copy), the
-        # PoPE-124M step on 2 H200s went from 46.8 to 43.5 ms (1 GPU: 40.4-41.1 ms); RESULTS.md, section 6
+        # 25 MB gives ~20 pieces for 124M; gradients as views of the buckets save a copy (results/ddp.sh)
         model = DDP(model, device_ids=[int(dev.split(":")[1])] if device_type == "cuda" else None,
                     bucket_cap_mb=100, gradient_as_bucket_view=True)
     set_rng_states(ckpt if resume else None, cfg["seed"], rank, device_type)  # last: nothing above draws from them
