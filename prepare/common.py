@@ -201,8 +201,8 @@ def lock_folder(folder, hint, path=None):
     unlock_folder or the end of the process: one writer per folder (train.py: one run
     per out_dir; staged_dataset: one prepare run per dataset, its lock beside it). The
     OS drops the lock when the process ends, however it ends; unlock_folder and a normal
-    exit also delete the file. Raises PrepareError, with hint, when another process
-    holds it (naming the PID it wrote) or when the file cannot be created (read-only)."""
+    exit also delete the file. Raises PrepareError when another process holds it (naming
+    the PID it wrote; then hint says what to do) or when the file cannot be created."""
     import atexit
     import fcntl
     import time
@@ -213,8 +213,8 @@ def lock_folder(folder, hint, path=None):
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise PrepareError(f"cannot create {path} ({e.strerror}): {os.path.dirname(path)} must be writable; "
-                               f"{hint}") from None
+            raise PrepareError(f"cannot create {path} ({e.strerror}): {os.path.dirname(path) or '.'} must be "
+                               "writable") from None  # (hint: what to do about another holder, not this)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
