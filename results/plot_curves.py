@@ -20,6 +20,12 @@ import re
 from matplotlib.figure import Figure
 
 
+def seed_of(run):
+    """The seed in a run's name (seed1337-pope -> 1337), else the run itself: one colour per seed."""
+    m = re.search(r"seed(\d+)", run)
+    return m[1] if m else run
+
+
 def evals(run, split):
     """[(step, {"loss": x, "acc": y})] of one run's evals on split."""
     if run.endswith(".log"):
@@ -45,12 +51,11 @@ if not panels or not all(runs for _, runs in panels):
     p.error("give runs, or --panel TITLE RUN [RUN ...] with at least one run each")
 fig = Figure(figsize=(6.5 * len(panels), 4.5))
 for ax, (title, runs) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
-    seeds = sorted({re.search(r"seed(\d+)", r)[1] if re.search(r"seed(\d+)", r) else r for r in runs})
+    seeds = sorted({seed_of(r) for r in runs})
     for run in runs:
         name = os.path.basename(os.path.normpath(run)).removesuffix(".log")
-        seed = re.search(r"seed(\d+)", run)[1] if re.search(r"seed(\d+)", run) else run
         pts = evals(run, a.split)
-        ax.plot([s for s, _ in pts], [e[a.metric] for _, e in pts], label=name, color=f"C{seeds.index(seed)}",
+        ax.plot([s for s, _ in pts], [e[a.metric] for _, e in pts], label=name, color=f"C{seeds.index(seed_of(run))}",
                 ls="-" if "pope" in name else "--" if "rope" in name else ":")
     if a.floor is not None:
         ax.axhline(a.floor, color="grey", lw=0.8, label=f"floor {a.floor:g}")
