@@ -7,7 +7,9 @@
 #          round robin, several side by side on one. The data is generated here if missing
 #          (python prepare/indirect_indexing.py, a few seconds).
 # Time:    H200, the whole step as one CUDA graph (cuda_graph=True, ~4 ms/step alone): about
-#          8 min for one 100k-step run alone on a GPU; runs side by side share it.
+#          8 min for one 100k-step run alone on a GPU. Runs side by side share it and gain
+#          little: four on one H200 under CUDA MPS took 12.7-13.8 ms/step each (about 1.2x
+#          the steps per second of one run alone; results/indirect_indexing/all/*.log).
 # Outputs: results/indirect_indexing/<OBJECTIVE>[-<VARIANT>]/
 #          seed<S>-<pe>.log            the training log (train loss every 100 steps, val every 2000)
 #          seed<S>-<pe>/metrics.jsonl  the same as JSON lines (ckpt.pt beside it: the last checkpoint)
