@@ -1,5 +1,5 @@
 """
-Markdown tables from train.py's outputs: eval.json and metrics.jsonl files.
+Markdown tables and curves from train.py's outputs: eval.json, metrics.jsonl and training logs.
 
 Usage:
     python results/summarize.py RUN/eval.json ...                 # final loss/accuracy per run, mean ± std over seeds
@@ -9,6 +9,10 @@ Usage:
                                                    (a training log, RUN.log, works in place of a metrics.jsonl)
     python results/summarize.py --diff A/metrics.jsonl B/metrics.jsonl [C D ...]
                                     # pairs A-B, C-D: per-step |train loss difference| and tokens/s B / A
+    python results/summarize.py --plot OUT.png --panel "loss on the target" A/seed*/metrics.jsonl \\
+                                               --panel "loss on every token" B/seed*.log --floor 0.0846
+                                    # val accuracy (--metric loss: loss) against step, one panel per --panel
+                                    # (or one untitled panel of the files given); needs matplotlib
 
 A run is named after its folder (results/lm/seed1337-pope/eval.json -> seed1337-pope),
 or after the file (jsb-pope-1337-eval.json -> jsb-pope-1337). Runs whose names differ
@@ -124,6 +128,33 @@ def takeoff(paths, split, thresholds):
     print(table(["run"] + [f"first step, {split} acc > {t:g}%" for t in thresholds] + [f"last {split} acc %"], rows))
 
 
+def seed_of(name):
+    """The seed in a run's name (seed1337-pope -> 1337), else the name: one colour per seed in a panel."""
+    m = re.search(r"seed(\d+)", name)
+    return m[1] if m else name
+
+
+def plot(out, panels, split, metric, floor):
+    """One panel per (title, files): the eval metric against step; PoPE solid, RoPE dashed, else dotted."""
+    from matplotlib.figure import Figure  # optional: only --plot needs it
+    fig = Figure(figsize=(6.5 * len(panels), 4.5))
+    for ax, (title, paths) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        seeds = sorted({seed_of(run_name(p)) for p in paths})
+        for p in paths:
+            name, ev = run_name(p), load(p)[0]
+            its = sorted(i for i in ev if split in ev[i])
+            ax.plot(its, [ev[i][split][metric] for i in its], label=name, color=f"C{seeds.index(seed_of(name))}",
+                    ls="-" if "pope" in name else "--" if "rope" in name else ":")
+        if floor is not None:
+            ax.axhline(floor, color="grey", lw=0.8, label=f"floor {floor:g}")
+        ax.set(title=title, xlabel="step", ylabel=f"{split} {metric}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.savefig(out + ".tmp.png", dpi=110, bbox_inches="tight")
+    os.replace(out + ".tmp.png", out)
+    print("wrote", out)
+
+
 def diff(paths, lo, hi, window, skip):
     if len(paths) % 2:
         raise SystemExit("error: --diff takes pairs of metrics.jsonl files")
@@ -148,7 +179,7 @@ def diff(paths, lo, hi, window, skip):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("files", nargs="+", help="eval.json and/or metrics.jsonl files")
+    ap.add_argument("files", nargs="*", help="eval.json, metrics.jsonl and/or training .log files")
     ap.add_argument("--curve", action="store_true", help="the eval loss at every eval step, one row per run")
     ap.add_argument("--split", default="val", help="the split of --curve and --takeoff (default val)")
     ap.add_argument("--takeoff", default=None, metavar="PCT,PCT",
@@ -160,11 +191,24 @@ def main():
     ap.add_argument("--skip", type=int, default=20,
                     help="timings from this step on (the first windows hold compilation; default 20)")
     ap.add_argument("--ppl", action="store_true", help="add perplexity columns, exp(loss)")
+    ap.add_argument("--plot", default=None, metavar="OUT.png", help="draw the eval curves to this PNG")
+    ap.add_argument("--panel", nargs="+", action="append", default=[], metavar=("TITLE", "FILE"),
+                    help="--plot: a panel, its title then its metrics.jsonl / .log files (repeat for more)")
+    ap.add_argument("--metric", default="acc", choices=["acc", "loss"], help="--plot: the metric (default acc)")
+    ap.add_argument("--floor", type=float, default=None,
+                    help="--plot: a grey line at this value in every panel (e.g. a task's content floor)")
     a = ap.parse_args()
-    for p in a.files:
+    panels = ([("", a.files)] if a.files else []) + [(t, fs) for t, *fs in a.panel]
+    if not panels or not all(fs for _, fs in panels):
+        ap.error("give files, or --plot OUT.png --panel TITLE FILE [FILE ...] with at least one file each")
+    for p in a.files + [f for _, fs in panels for f in fs]:
         if not os.path.isfile(p):
             raise SystemExit(f"error: {p} not found")
-    if a.diff:
+    if a.plot:
+        plot(a.plot, panels, a.split, a.metric, a.floor)
+    elif a.panel:
+        ap.error("--panel goes with --plot OUT.png")
+    elif a.diff:
         diff(a.files, a.lo, a.hi, a.window, a.skip)
     elif a.takeoff:
         takeoff(a.files, a.split, [float(t) for t in a.takeoff.split(",")])

@@ -1,10 +1,13 @@
-"""results/summarize.py: tables from eval.json, metrics.jsonl and training logs (take-off steps, mean ± std);
+"""results/summarize.py: tables from eval.json, metrics.jsonl and training logs (take-off steps, mean ± std)
+and the --plot figure;
 results/check_numbers.py: the file that holds each number of a markdown page, or NO FILE."""
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -43,6 +46,36 @@ def test_mean_and_std_over_seeds(tmp_path):
     rows = summarize(*sorted(tmp_path.glob("seed*-pope/eval.json")))
     assert rows["seed102-pope"] == ["100", "0.4000", "40.00"]
     assert rows["pope"] == ["3", "0.5000 ± 0.3606", "50.00 ± 36.06"]  # stdev([.2,.4,.9]) = 0.36056
+
+
+def png_size(path):
+    """(width, height) from a PNG's header."""
+    data = Path(path).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_plot_one_panel_per_group_and_errors(tmp_path):
+    """--plot draws one panel per --panel (the figure widens with them) from metrics.jsonl files and
+    logs alike; --panel without --plot, or a panel without files, is an error that says how to call it."""
+    pytest.importorskip("matplotlib")
+    run = tmp_path / "seed7-pope"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"iter": it, "eval": {"val": {"loss": 2.0 - it / 1e4, "acc": it / 1e4}}}) + "\n" for it in (0, 2000, 4000)))
+    (tmp_path / "seed7-rope.log").write_text("".join(
+        f"step {it}: train loss 1.5 acc 0.9, val loss 2.0 acc {it / 2e4:.4f}\n" for it in (0, 2000, 4000)))
+    summarize("--plot", tmp_path / "one.png", run / "metrics.jsonl", tmp_path / "seed7-rope.log")
+    summarize("--plot", tmp_path / "two.png", "--panel", "a", run / "metrics.jsonl",
+              "--panel", "b", tmp_path / "seed7-rope.log", "--floor", "0.1")
+    (w1, h1), (w2, h2) = png_size(tmp_path / "one.png"), png_size(tmp_path / "two.png")
+    assert 1.7 < w2 / w1 < 2.3 and abs(h2 - h1) < 0.1 * h1, ((w1, h1), (w2, h2))
+    for args, msg in ((["--panel", "a", run / "metrics.jsonl"], "--panel goes with --plot"),
+                      (["--plot", tmp_path / "x.png", "--panel", "a"], "at least one file each")):
+        r = subprocess.run([sys.executable, str(REPO / "results" / "summarize.py"), *map(str, args)],
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and msg in r.stderr, r.stderr
+    assert not (tmp_path / "x.png").exists()
 
 
 def check_numbers(tmp_path, *args):
