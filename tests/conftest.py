@@ -1,5 +1,5 @@
 """Shared test setup: the repo root on sys.path, an offline tiktoken cache, and
-the real data samples.
+the real data samples, one CPU thread per process.
 
 The gpt2 encoding comes from TIKTOKEN_CACHE_DIR; when it is unset, a writable
 copy of ../shared/tiktoken_cache (next to the repo) is used, as in CI. The real
@@ -20,6 +20,16 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+# One thread per process (pytest's and the train.py / sample.py runs it starts, which inherit
+# this): the test models are tiny and up to three processes share CI's two cores. With two
+# threads each, every small op waits at OpenMP's barrier for a thread the OS has parked: a
+# 32-wide linear layer took 1.8 ms instead of 28 us on a busy 2-core machine, and the suite
+# ran about twice as long. Set OMP_NUM_THREADS yourself to test another count.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import torch  # noqa: E402  (after the variable: torch reads it when it starts its thread pool)
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 if "TIKTOKEN_CACHE_DIR" not in os.environ:
     src = os.path.join(ROOT, "..", "shared", "tiktoken_cache")
