@@ -207,12 +207,15 @@ def _cartesian_kernel(X, XC, THETA, DELTA, O, DO, DI,
 
 
 @triton.jit
-def _query_block(Q, THETA, sqb, sqh, sqt, sqd, H, TQ, q_offset,
-                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+def _query_block(Q, THETA, sqb, sqh, sqt, sqd, H, TQ, TK, q_offset,
+                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """The prologue of the forward and the dq kernel: which BLOCK_M query rows of
-    which (batch, head) this program owns, and those rows made Cartesian (queries
-    have no delta) in registers, in Q's dtype. The block lives for the whole
-    program, so it is never written out."""
+    which (batch, head) this program owns, those rows made Cartesian (queries
+    have no delta) in registers, in Q's dtype, and the keys they see. The block
+    lives for the whole program, so it is never written out.
+    Keys [0, hi_full) are seen in full by every row of the block and run without a
+    mask; [hi_full, hi) straddle the diagonal or the end of the keys and run with
+    one; the ones above the diagonal not at all."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -227,7 +230,13 @@ def _query_block(Q, THETA, sqb, sqh, sqt, sqd, H, TQ, q_offset,
     theta = tl.load(THETA + offs_d)
     qc, qs = _cartesian_tile(q.to(tl.float32), qpos.to(tl.float32), theta,
                              tl.zeros([HEAD_DIM], dtype=tl.float32), False)
-    return bh, b, h, m0, offs_m, offs_d, rows, qpos, theta, _cast(qc, q.dtype), _cast(qs, q.dtype)
+    if CAUSAL:
+        hi_full = tl.minimum(q_offset + m0 + 1, TK) // BLOCK_N * BLOCK_N
+        hi = tl.minimum(q_offset + m0 + BLOCK_M, TK)
+    else:
+        hi_full = TK // BLOCK_N * BLOCK_N
+        hi = TK
+    return bh, b, h, offs_m, offs_d, rows, qpos, theta, _cast(qc, q.dtype), _cast(qs, q.dtype), hi_full, hi
 
 
 @triton.jit
@@ -280,22 +289,13 @@ def _pope_fwd(Q, KC, V, O, LSE, THETA,
     """One program: BLOCK_M query rows of one (batch, head), all keys they see.
     Writes O and the row's log2-sum-exp (for the backward). qk_scale holds
     sm_scale*log2(e) so that the softmax runs on exp2."""
-    bh, b, h, m0, offs_m, offs_d, rows, qpos, theta, qc, qs = _query_block(
-        Q, THETA, sqb, sqh, sqt, sqd, H, TQ, q_offset, HEAD_DIM, BLOCK_M)
+    bh, b, h, offs_m, offs_d, rows, qpos, theta, qc, qs, hi_full, hi = _query_block(
+        Q, THETA, sqb, sqh, sqt, sqd, H, TQ, TK, q_offset, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL)
     KC = KC + bh * TK * 2 * HEAD_DIM
     V = V + b * svb + h * svh
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    # key blocks that every row of this block sees in full run without a mask;
-    # the ones straddling the diagonal or the end of the keys run with one;
-    # the ones above the diagonal not at all
-    if CAUSAL:
-        hi_full = tl.minimum(q_offset + m0 + 1, TK) // BLOCK_N * BLOCK_N
-        hi = tl.minimum(q_offset + m0 + BLOCK_M, TK)
-    else:
-        hi_full = TK // BLOCK_N * BLOCK_N
-        hi = TK
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, V, svt, svd, 0, hi_full, TK, qk_scale,
                                HEAD_DIM, BLOCK_N, False, CAUSAL, DOT_PREC)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, V, svt, svd, hi_full, hi, TK, qk_scale,
@@ -444,8 +444,8 @@ def _pope_bwd_dq(Q, KC, V, DO, LSE, DI, DQ, THETA,
                  CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
     """One program: BLOCK_M query rows of one (batch, head), every key block
     they see. Writes dq."""
-    bh, b, h, m0, offs_m, offs_d, rows, qpos, theta, qc, qs = _query_block(
-        Q, THETA, sqb, sqh, sqt, sqd, H, TQ, q_offset, HEAD_DIM, BLOCK_M)
+    bh, b, h, offs_m, offs_d, rows, qpos, theta, qc, qs, hi_full, hi = _query_block(
+        Q, THETA, sqb, sqh, sqt, sqd, H, TQ, TK, q_offset, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL)
     do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :] * sdod,
                  mask=rows[:, None], other=0.0)
     lse = tl.load(LSE + bh * TQ + offs_m, mask=rows, other=0.0)
@@ -455,12 +455,6 @@ def _pope_bwd_dq(Q, KC, V, DO, LSE, DI, DQ, THETA,
     V = V + b * svb + h * svh
     dqc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     dqs = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    if CAUSAL:
-        hi_full = tl.minimum(q_offset + m0 + 1, TK) // BLOCK_N * BLOCK_N
-        hi = tl.minimum(q_offset + m0 + BLOCK_M, TK)
-    else:
-        hi_full = TK // BLOCK_N * BLOCK_N
-        hi = TK
     dqc, dqs = _dq_inner(dqc, dqs, qc, qs, do, lse, di, qpos, KC, V, svt, svd, 0, hi_full, TK, qk_scale,
                          HEAD_DIM, BLOCK_N, False, CAUSAL, DOT_PREC)
     dqc, dqs = _dq_inner(dqc, dqs, qc, qs, do, lse, di, qpos, KC, V, svt, svd, hi_full, hi, TK, qk_scale,
