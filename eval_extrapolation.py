@@ -29,13 +29,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import load_checkpoint
-from prepare.common import PrepareError, check_writable, checkpoint_error, codec, write_atomic, write_json
+from prepare.common import PrepareError, check_writable, checkpoint_error, codec, die, write_atomic, write_json
 
 DEFAULT_MAX_TOKENS = 1 << 20  # default cap on the scored tokens per length
-
-
-def die(msg):
-    raise SystemExit(f"error: {msg}")
 
 
 def parse_args(argv):

@@ -35,11 +35,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import apply_rope, load_checkpoint, pope_frequencies, yarn_inv_freq
-from prepare.common import PrepareError, checkpoint_error, codec, write_atomic, write_json
-
-
-def die(msg):
-    raise SystemExit(f"error: {msg}")
+from prepare.common import PrepareError, checkpoint_error, codec, die, write_atomic, write_json
 
 
 def parse_args(argv):

@@ -120,6 +120,13 @@ def log(msg):
 # -----------------------------------------------------------------------------
 # one-line errors shared by the scripts
 
+def die(msg):
+    """Refuse: print 'error: msg' (one line) on stderr and exit with status 2, as
+    argparse does for a bad option. Every script's error exit (run_main's too)."""
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
 def checkpoint_error(path, e):
     """One line saying why torch.load(path, weights_only=True) (or
     model.load_checkpoint) failed with e. torch's own text for a file that needs
@@ -863,8 +870,6 @@ def run_main(main_fn, argv=None):
     try:
         main_fn(argv)
     except PrepareError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        die(e)
     except OSError as e:  # a file error outside the staged writes (which say more): still one line
-        print(f"error: {f'{e.filename}: ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
-        sys.exit(2)
+        die(f"{f'{e.filename}: ' if e.filename else ''}{e.strerror or e}")

@@ -26,6 +26,7 @@ sys.path.insert(0, ROOT)
 
 import eval_extrapolation as ex  # noqa: E402
 import train  # noqa: E402
+from helpers import script_error, script_help  # noqa: E402
 from model import GPT, GPTConfig, load_checkpoint, yarn_inv_freq  # noqa: E402
 from prepare.common import Data, codec  # noqa: E402
 
@@ -87,9 +88,7 @@ def run_eval(args, tmp_path, name="r.json"):
 
 
 def err(args):
-    with pytest.raises(SystemExit) as e:
-        ex.main([*args, "--no_progress"])
-    return str(e.value.code)
+    return script_error(ex.main, [*args, "--no_progress"])
 
 
 # -----------------------------------------------------------------------------
@@ -408,11 +407,8 @@ def test_progress_and_attention_path_on_stderr(env, tmp_path, capsys):
         assert sum(f"out-{pe}: attention " in x and want in x for x in err.splitlines()) == 1
 
 
-def test_help(capsys):
-    with pytest.raises(SystemExit) as e:
-        ex.main(["--help"])
-    assert e.value.code == 0
-    out = capsys.readouterr().out
+def test_help():
+    out = script_help(ex.main)
     assert "Usage:" in out and "--yarn_scale" in out and "Scored tokens: the same B targets" in out
 
 

@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import eval_frequencies as ef  # noqa: E402
+from helpers import script_error, script_help  # noqa: E402
 from model import GPT, GPTConfig, yarn_inv_freq  # noqa: E402
 
 ITOS = list("abcdefghijklmnop")
@@ -59,9 +60,7 @@ def run(args, tmp_path):
 
 
 def err(args):
-    with pytest.raises(SystemExit) as e:
-        ef.main([*map(str, args), "--no_progress"])
-    return str(e.value.code)
+    return script_error(ef.main, [*args, "--no_progress"])
 
 
 # -----------------------------------------------------------------------------
@@ -190,11 +189,8 @@ def test_plot(data, tmp_path, capsys):
     assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_help(capsys):
-    with pytest.raises(SystemExit) as e:
-        ef.main(["--help"])
-    assert e.value.code == 0
-    out = capsys.readouterr().out
+def test_help():
+    out = script_help(ef.main)
     assert "Usage:" in out and "--tokens" in out and "causal pairs" in out
 
 
