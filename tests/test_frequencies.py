@@ -213,7 +213,7 @@ def test_clear_errors(data, tmp_path, monkeypatch):
     assert msg.startswith(f"error: cannot load {tmp_path / 'p.pt'}: refused, because loading it would run code (it "
                           "asks to call fractions.Fraction)") and "\n" not in msg and "weights_only" not in msg, msg
     (tmp_path / "bad.jsonl").write_text('{"text": "abc"}\n[1, 2]\n')
-    assert "bad.jsonl:2: expected a JSON object" in err(["--ckpt", ck, "--data", tmp_path / "bad.jsonl"])
+    assert 'bad.jsonl:2: expected an object with a "text"' in err(["--ckpt", ck, "--data", tmp_path / "bad.jsonl"])
     (tmp_path / "x.txt").write_text("xyz" * 10)
     assert "cannot tokenize" in err(["--ckpt", ck, "--data", tmp_path / "x.txt"])
     big = save(tiny(0, pos_emb="pope", vocab_size=8), tmp_path / "small_vocab.pt")
