@@ -3,7 +3,8 @@ writing (byte-identical on re-runs), a dataset written as a set (staged in a
 folder beside out_dir and swapped in whole: staged_dataset), the command that
 rebuilds a dataset, the dataset check train.py runs (check_dataset) and the
 batches it draws (Data), a tqdm progress bar, optional imports and a download
-helper that fails fast offline.
+helper that fails fast offline; for the scripts at the top: their one error exit
+(die) and the eval scripts' token reader (read_tokens).
 """
 
 import argparse
