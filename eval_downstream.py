@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from model import check_checkpoint_file, checkpoint_model_args, load_checkpoint
-from prepare.common import PrepareError, check_writable, checkpoint_error, codec, write_json
+from prepare.common import PrepareError, check_writable, checkpoint_error, codec, die, write_json
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIG_DIR = os.path.join(ROOT, "config", "lm_eval")
@@ -51,10 +51,6 @@ TASKS = {
     "arc_easy": ("ARC-E", "arc_easy", "arc", "acc_norm", False),
 }
 POS_NAMES = {"pope": "PoPE", "rope": "RoPE", "none": "NoPE"}
-
-
-def die(msg):
-    sys.exit(print(f"error: {msg}", file=sys.stderr) or 2)
 
 
 def make_lm(model, encode, *, batch_size=8, device="cpu", vocab_size=50257):

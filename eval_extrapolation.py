@@ -17,11 +17,9 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,13 +27,10 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import load_checkpoint
-from prepare.common import PrepareError, check_writable, checkpoint_error, codec, write_atomic, write_json
+from prepare.common import (PrepareError, check_writable, checkpoint_error, die, read_tokens, vocab_key, write_atomic,
+                            write_json)
 
 DEFAULT_MAX_TOKENS = 1 << 20  # default cap on the scored tokens per length
-
-
-def die(msg):
-    raise SystemExit(f"error: {msg}")
 
 
 def parse_args(argv):
@@ -106,38 +101,6 @@ def data_kind(spec):
     return kind
 
 
-def vocab_key(meta):
-    """Which tokenizer a meta.json describes: "gpt2", its character list, or None."""
-    return "gpt2" if meta.get("tokenizer") == "gpt2" else json.dumps(meta["itos"]) if "itos" in meta else None
-
-
-def text_chunks(path, chunk_chars):
-    """A text file in pieces cut just after a "\\n" with non-whitespace on both sides: no gpt2 pre-token
-    spans such a point (and a character codec never cares), so the pieces tokenize to exactly the tokens
-    of the whole file, without a book-sized string in memory."""
-    buf = ""
-    with open(path, encoding="utf-8") as f:
-        while piece := f.read(chunk_chars):
-            buf += piece
-            if cut := max((m.end() for m in re.finditer(r"\S\n(?=\S)", buf)), default=0):
-                yield buf[:cut]
-                buf = buf[cut:]
-    if buf:
-        yield buf
-
-
-def jsonl_docs(path):
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in filter(lambda x: x[1].strip(), enumerate(f, 1)):  # blank lines hold no document
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError as e:
-                die(f"{path}:{lineno}: not valid JSON ({e})")
-            if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
-                die(f'{path}:{lineno}: expected an object with a "text" string')
-            yield doc["text"]
-
-
 def hf_docs(spec):
     name, _, split = spec[3:].partition(":")
     repo, split = {"pg19": "deepmind/pg19"}.get(name, name), split or "test"
@@ -155,57 +118,13 @@ def hf_docs(spec):
             'deepmind/pg19, test/) and pass a local file: --data pg19_test.jsonl ({"text": book} a line) or a .txt')
 
 
-def load_tokens(spec, meta, need, ckpt="the checkpoint", chunk_chars=1 << 20):
-    """The token stream of --data for a checkpoint whose training data had this meta.json: a .bin as
-    is (a memmap), text tokenized with the checkpoint's tokenizer up to `need` tokens."""
-    kind = data_kind(spec)
-    if kind == "bin":
-        meta_path = os.path.join(os.path.dirname(os.path.abspath(spec)), "meta.json")
-        if not os.path.isfile(meta_path):
-            die(f"{spec}: no meta.json beside it ({meta_path}); prepare/ writes each X.bin with a meta.json")
-        try:
-            data_meta = json.loads(Path(meta_path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            die(f"{meta_path} (beside {spec}) is not valid JSON ({e}); rebuild the dataset with its prepare/ script")
-        if not isinstance(data_meta, dict):
-            die(f"{meta_path} (beside {spec}) holds a JSON {type(data_meta).__name__}, not an object; "
-                "rebuild the dataset with its prepare/ script")
-        a, b = vocab_key(data_meta), vocab_key(meta)
-        if a and b and a != b:
-            die(f"{spec} was tokenized with a different vocabulary than {ckpt}'s training data "
-                f"({'gpt2' if a == 'gpt2' else 'characters'} vs {'gpt2' if b == 'gpt2' else 'characters'})")
-        try:
-            dtype, size = np.dtype(data_meta.get("dtype", "uint16")), os.path.getsize(spec)
-        except (TypeError, ValueError):
-            dtype = None
-        if dtype is None or dtype.kind != "u":
-            die(f"{meta_path}: dtype is {data_meta.get('dtype')!r}, expected an unsigned integer type such as "
-                "uint16 or uint32 (token ids); rebuild the dataset with its prepare/ script")
-        if size % dtype.itemsize:
-            die(f"{spec} has {size} bytes, not a multiple of {dtype} ({dtype.itemsize} bytes) as meta.json says")
-        if os.path.isfile(os.path.splitext(spec)[0] + "_mask.bin"):
-            print(f"note: the loss mask of {spec} is ignored: every token is scored", file=sys.stderr)
-        if data_meta.get("row_len"):
-            print(f"note: {spec} holds rows of {data_meta['row_len']} tokens; windows run across rows", file=sys.stderr)
-        return np.memmap(spec, dtype=dtype, mode="r")
+def load_tokens(spec, meta, need, ckpt):
+    """The token stream of --data for a checkpoint whose training data had this meta.json (read_tokens: a .bin as
+    is, a memmap; text tokenized with the checkpoint's tokenizer up to `need` tokens)."""
     try:
-        encode, _ = codec(meta)
-    except ValueError:
-        die(f'{ckpt} has no tokenizer in its meta ("tokenizer": "gpt2" or "itos"); give token ids as a .bin')
-    except PrepareError as e:  # e.g. tiktoken offline: one line, no traceback
-        die(str(e))
-    gpt2 = vocab_key(meta) == "gpt2"  # documents end as in the training data:
-    sep = encode("<|endoftext|>" if gpt2 else "\n\n") if kind != "txt" and (gpt2 or "\n" in meta["itos"]) else []
-    docs = text_chunks(spec, chunk_chars) if kind == "txt" else jsonl_docs(spec) if kind == "jsonl" else hf_docs(spec)
-    out, n = [np.zeros(0, dtype=np.int64)], 0
-    for text in docs:
-        try:
-            out.append(np.asarray(encode(text) + sep, dtype=np.int64))
-        except ValueError as e:
-            die(f"{spec}: cannot tokenize with {ckpt}'s vocabulary: {e}")
-        if (n := n + len(out[-1])) >= need:
-            break
-    return np.concatenate(out)[:need]
+        return read_tokens(spec, meta, need, ckpt, docs=hf_docs(spec) if data_kind(spec) == "hf" else None)
+    except PrepareError as e:
+        die(e)
 
 
 def choose_budget(N, lengths, cap, explicit, data):

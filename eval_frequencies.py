@@ -24,7 +24,6 @@ channels of C (an even spread puts 0.25 of the weight there).
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 from pathlib import Path
@@ -35,18 +34,14 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import apply_rope, load_checkpoint, pope_frequencies, yarn_inv_freq
-from prepare.common import PrepareError, checkpoint_error, codec, write_atomic, write_json
-
-
-def die(msg):
-    raise SystemExit(f"error: {msg}")
+from prepare.common import PrepareError, checkpoint_error, die, read_tokens, vocab_key, write_atomic, write_json
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
     add("--ckpt", nargs="+", required=True, help="one or more train.py checkpoints (ckpt.pt)")
-    add("--data", required=True, help='a prepared split X.bin (meta.json beside it); X.txt (read whole) or X.jsonl '
+    add("--data", required=True, help='a prepared split X.bin (meta.json beside it); X.txt (one text) or X.jsonl '
         '({"text": ...} per line), tokenized with each checkpoint\'s tokenizer')
     add("--tokens", type=int, default=65536, help="tokens per model, the first of --data, in whole windows of the "
         "model's block size (default 65536)")
@@ -76,47 +71,6 @@ def parse_args(argv):
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         die("--plot needs matplotlib: pip install matplotlib")
     return args
-
-
-def vocab_key(meta):
-    """Which tokenizer a meta.json describes: "gpt2", its character list, or None."""
-    return "gpt2" if meta.get("tokenizer") == "gpt2" else json.dumps(meta["itos"]) if "itos" in meta else None
-
-
-def load_tokens(spec, meta, need, ckpt):
-    """The first `need` tokens of --data (fewer if it has fewer), read as eval_extrapolation.py reads them."""
-    if spec.lower().endswith(".bin"):
-        if not (meta_path := Path(spec).resolve().parent / "meta.json").is_file():
-            die(f"{spec}: no meta.json beside it ({meta_path}); prepare/ writes each X.bin with a meta.json")
-        data_meta = json.loads(meta_path.read_text())
-        if None not in (a := vocab_key(data_meta), b := vocab_key(meta)) and a != b:
-            die(f"{spec} was tokenized with a different vocabulary than {ckpt}'s training data")
-        dtype, size = np.dtype(data_meta.get("dtype", "uint16")), os.path.getsize(spec)
-        if size % dtype.itemsize:
-            die(f"{spec} has {size} bytes, not a multiple of {dtype} ({dtype.itemsize} bytes) as meta.json says")
-        return np.fromfile(spec, dtype=dtype, count=min(need, size // dtype.itemsize))
-    try:
-        encode, _ = codec(meta)
-    except ValueError:
-        die(f'{ckpt} has no tokenizer in its meta ("tokenizer": "gpt2" or "itos"); give token ids as a .bin')
-    except PrepareError as e:  # e.g. tiktoken offline
-        die(str(e))
-    gpt2, jsonl, out = vocab_key(meta) == "gpt2", spec.lower().endswith(".jsonl"), []
-    sep = encode("<|endoftext|>" if gpt2 else "\n\n") if jsonl and (gpt2 or "\n" in meta["itos"]) else []
-    with open(spec, encoding="utf-8") as f:  # documents end as in the training data
-        for lineno, line in enumerate(f if jsonl else [f.read()], 1):
-            try:  # blank lines of a .jsonl hold no document
-                text = (json.loads(line)["text"] if line.strip() else "") if jsonl else line
-                if not isinstance(text, str):
-                    raise TypeError
-                out += encode(text) + sep if text else []
-            except (json.JSONDecodeError, TypeError, KeyError):
-                die(f'{spec}:{lineno}: expected a JSON object with a "text" string per line')
-            except ValueError as e:
-                die(f"{spec}: cannot tokenize with {ckpt}'s vocabulary: {e}")
-            if len(out) >= need:
-                break
-    return np.asarray(out[:need], dtype=np.int64)
 
 
 def channels(model):
@@ -217,7 +171,10 @@ def main(argv=None):
         if args.tokens < T:
             die(f"--tokens={args.tokens} is less than one window of {path} (its block size {T})")
         if (key := vocab_key(meta)) not in streams:  # one token stream per tokenizer
-            streams[key] = load_tokens(args.data, meta, args.tokens, path)
+            try:
+                streams[key] = read_tokens(args.data, meta, args.tokens, path)[:args.tokens]
+            except PrepareError as e:
+                die(e)
         if len(toks := streams[key]) < args.tokens:
             die(f"{args.data} has only {len(toks)} tokens for {path}; pass --tokens <= {len(toks)}")
         if args.tokens % T:

@@ -40,7 +40,7 @@ from contextlib import nullcontext  # noqa: E402
 import torch  # noqa: E402
 
 from model import load_checkpoint
-from prepare.common import PrepareError, check_writable, checkpoint_error, codec, prepare_scripts
+from prepare.common import PrepareError, check_writable, checkpoint_error, codec, die, prepare_scripts
 
 
 def main(argv=None):
@@ -68,7 +68,7 @@ def main(argv=None):
                      f"--temperature must be >= 0 and finite (0 = greedy), got {args.temperature}"),
                     (args.top_k >= 1, "--top_k must be >= 1 (1 = greedy)")):
         if not ok:
-            sys.exit(print(f"error: {msg}", file=sys.stderr) or 2)
+            die(msg)
     start = args.start
     if start.startswith("FILE:"):  # read before the checkpoint: a wrong path fails at once
         path = start[5:]

@@ -3,7 +3,8 @@ writing (byte-identical on re-runs), a dataset written as a set (staged in a
 folder beside out_dir and swapped in whole: staged_dataset), the command that
 rebuilds a dataset, the dataset check train.py runs (check_dataset) and the
 batches it draws (Data), a tqdm progress bar, optional imports and a download
-helper that fails fast offline.
+helper that fails fast offline; for the scripts at the top: their one error exit
+(die) and the eval scripts' token reader (read_tokens).
 """
 
 import argparse
@@ -119,6 +120,13 @@ def log(msg):
 
 # -----------------------------------------------------------------------------
 # one-line errors shared by the scripts
+
+def die(msg):
+    """Refuse: print 'error: msg' (one line) on stderr and exit with status 2, as
+    argparse does for a bad option. Every script's error exit (run_main's too)."""
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
 
 def checkpoint_error(path, e):
     """One line saying why torch.load(path, weights_only=True) (or
@@ -811,6 +819,99 @@ def data_changes(old, new):
 
 
 # -----------------------------------------------------------------------------
+# the tokens an eval script scores (eval_extrapolation.py, eval_frequencies.py)
+
+def vocab_key(meta):
+    """Which tokenizer a meta.json describes: "gpt2", its character list (as JSON), or None."""
+    return "gpt2" if meta.get("tokenizer") == "gpt2" else json.dumps(meta["itos"]) if "itos" in meta else None
+
+
+def _text_chunks(path, chunk_chars):
+    """A text file in pieces cut just after a "\\n" with non-whitespace on both sides: no gpt2 pre-token
+    spans such a point (and a character codec never cares), so the pieces tokenize to exactly the tokens
+    of the whole file, without a book-sized string in memory."""
+    buf = ""
+    with open(path, encoding="utf-8") as f:
+        while piece := f.read(chunk_chars):
+            buf += piece
+            if cut := max((m.end() for m in re.finditer(r"\S\n(?=\S)", buf)), default=0):
+                yield buf[:cut]
+                buf = buf[cut:]
+    if buf:
+        yield buf
+
+
+def _jsonl_docs(path):
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in filter(lambda x: x[1].strip(), enumerate(f, 1)):  # blank lines hold no document
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PrepareError(f"{path}:{lineno}: not valid JSON ({e})") from None
+            if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
+                raise PrepareError(f'{path}:{lineno}: expected an object with a "text" string')
+            yield doc["text"]
+
+
+def _split_tokens(path, meta, ckpt):
+    """A prepared split X.bin as a read-only memmap, checked as check_dataset checks it (without the scan of
+    every id: the scripts check the ids they read against their model)."""
+    folder, name = Path(os.path.abspath(path)).parent, os.path.basename(path)
+    if not (folder / "meta.json").is_file():
+        raise PrepareError(f"{path}: no meta.json beside it ({folder / 'meta.json'}); prepare/ writes each X.bin "
+                           "with a meta.json")
+    if not name.endswith(".bin"):
+        raise PrepareError(f"{path}: a prepared split's name ends in .bin; rename it")
+    data_meta = _check(folder, (name[:-4],), scan=False)
+    a, b = vocab_key(data_meta), vocab_key(meta)
+    if a and b and a != b:
+        raise PrepareError(f"{path} was tokenized with a different vocabulary than {ckpt}'s training data "
+                           f"({'gpt2' if a == 'gpt2' else 'characters'} vs {'gpt2' if b == 'gpt2' else 'characters'}"
+                           "); give data of its dataset")
+    if (folder / f"{name[:-4]}_mask.bin").is_file():
+        log(f"note: the loss mask of {path} is ignored: every token is scored")
+    if data_meta.get("row_len"):
+        log(f"note: {path} holds rows of {data_meta['row_len']} tokens; windows run across rows")
+    return np.memmap(path, dtype=np.dtype(data_meta["dtype"]), mode="r")
+
+
+def read_tokens(path, meta, need, ckpt="the checkpoint", docs=None, chunk_chars=1 << 20):
+    """The token ids at path for a checkpoint whose training data had the meta.json meta (ckpt names it in
+    errors). X.bin, a prepared split: the whole file as a read-only memmap (only what is used is read), checked
+    against the meta.json beside it as check_dataset checks a split, and refused when that dataset's tokenizer is
+    not meta's. Text, tokenized with meta's tokenizer up to `need` ids (int64): X.txt as one text, or the
+    documents of X.jsonl ({"text": ...} a line) or, when given, of the iterable docs (strings), each ending as in
+    the training data (<|endoftext|> for gpt2, "\\n\\n" for characters that include "\\n"). Raises PrepareError
+    (one line naming the problem and the fix)."""
+    kind = "docs" if docs is not None else os.path.splitext(path)[1].lower()
+    if kind not in ("docs", ".bin", ".txt", ".jsonl"):
+        raise PrepareError(f"{path}: give a prepared split X.bin, a text X.txt or documents X.jsonl")
+    if kind != "docs" and not os.path.isfile(path):
+        raise PrepareError(f"data file {path} not found")
+    if kind == ".bin":
+        return _split_tokens(path, meta, ckpt)
+    try:
+        encode, _ = codec(meta)
+    except ValueError:
+        raise PrepareError(f'{ckpt} has no tokenizer in its meta ("tokenizer": "gpt2" or "itos"); give token ids '
+                           "as a .bin") from None
+    gpt2 = vocab_key(meta) == "gpt2"
+    sep = encode("<|endoftext|>" if gpt2 else "\n\n") if kind != ".txt" and (gpt2 or "\n" in meta["itos"]) else []
+    docs = _text_chunks(path, chunk_chars) if kind == ".txt" else _jsonl_docs(path) if kind == ".jsonl" else docs
+    out, n = [np.zeros(0, dtype=np.int64)], 0
+    try:
+        for text in docs:
+            out.append(np.asarray(encode(text) + sep, dtype=np.int64))
+            if (n := n + len(out[-1])) >= need:
+                break
+    except UnicodeDecodeError as e:  # (a ValueError: first)
+        raise PrepareError(f"{path} is not UTF-8 text (byte 0x{e.object[e.start]:02x}); give a UTF-8 file") from None
+    except ValueError as e:
+        raise PrepareError(f"{path}: cannot tokenize with {ckpt}'s vocabulary: {e}") from None
+    return np.concatenate(out)[:need]
+
+
+# -----------------------------------------------------------------------------
 # network
 
 def download(url, dest, hint, timeout=15.0):
@@ -863,8 +964,6 @@ def run_main(main_fn, argv=None):
     try:
         main_fn(argv)
     except PrepareError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        die(e)
     except OSError as e:  # a file error outside the staged writes (which say more): still one line
-        print(f"error: {f'{e.filename}: ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
-        sys.exit(2)
+        die(f"{f'{e.filename}: ' if e.filename else ''}{e.strerror or e}")

@@ -26,8 +26,9 @@ sys.path.insert(0, ROOT)
 
 import eval_extrapolation as ex  # noqa: E402
 import train  # noqa: E402
+from helpers import script_error, script_help  # noqa: E402
 from model import GPT, GPTConfig, load_checkpoint, yarn_inv_freq  # noqa: E402
-from prepare.common import Data, codec  # noqa: E402
+from prepare.common import Data, PrepareError, codec, read_tokens  # noqa: E402
 
 BLOCK = 32
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", f"--block_size={BLOCK}", "--device=cpu", "--compile=False"]
@@ -87,9 +88,7 @@ def run_eval(args, tmp_path, name="r.json"):
 
 
 def err(args):
-    with pytest.raises(SystemExit) as e:
-        ex.main([*args, "--no_progress"])
-    return str(e.value.code)
+    return script_error(ex.main, [*args, "--no_progress"])
 
 
 # -----------------------------------------------------------------------------
@@ -408,11 +407,8 @@ def test_progress_and_attention_path_on_stderr(env, tmp_path, capsys):
         assert sum(f"out-{pe}: attention " in x and want in x for x in err.splitlines()) == 1
 
 
-def test_help(capsys):
-    with pytest.raises(SystemExit) as e:
-        ex.main(["--help"])
-    assert e.value.code == 0
-    out = capsys.readouterr().out
+def test_help():
+    out = script_help(ex.main)
     assert "Usage:" in out and "--yarn_scale" in out and "Scored tokens: the same B targets" in out
 
 
@@ -446,9 +442,9 @@ def test_txt_and_jsonl_match_bin(env, tmp_path):
     jl = tmp_path / "docs.jsonl"
     jl.write_text(json.dumps({"text": "First Citizen:"}) + "\n\n" + json.dumps({"text": "Before we"}) + "\n")
     _, dec = codec(env.meta)
-    toks = ex.load_tokens(str(jl), env.meta, need=10 ** 6)
+    toks = read_tokens(str(jl), env.meta, need=10 ** 6)
     assert dec(toks.tolist()) == "First Citizen:\n\nBefore we\n\n"
-    assert len(ex.load_tokens(str(jl), env.meta, need=5)) == 5
+    assert len(read_tokens(str(jl), env.meta, need=5)) == 5
 
 
 def test_gpt2_text_chunked_tokenization_is_exact(tmp_path, shared_data):
@@ -460,12 +456,12 @@ def test_gpt2_text_chunked_tokenization_is_exact(tmp_path, shared_data):
     p = tmp_path / "t.txt"
     p.write_text(text, encoding="utf-8")
     whole = enc(text)
-    chunked = ex.load_tokens(str(p), meta, need=10 ** 9, chunk_chars=777)
+    chunked = read_tokens(str(p), meta, need=10 ** 9, chunk_chars=777)
     assert chunked.tolist() == whole
-    assert len(ex.load_tokens(str(p), meta, need=100, chunk_chars=777)) == 100
+    assert len(read_tokens(str(p), meta, need=100, chunk_chars=777)) == 100
     jl = tmp_path / "d.jsonl"
     jl.write_text(json.dumps({"text": "Hello world"}) + "\n" + json.dumps({"text": "Bye"}) + "\n")
-    toks = ex.load_tokens(str(jl), meta, need=10 ** 6).tolist()
+    toks = read_tokens(str(jl), meta, need=10 ** 6).tolist()
     assert toks == enc("Hello world") + [50256] + enc("Bye") + [50256]
 
 
@@ -540,9 +536,9 @@ def test_clear_errors(env, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("meta, want", [
-    ("{not json", "is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); "
-                  "rebuild the dataset with its prepare/ script"),
-    ("[1, 2]", "holds a JSON list, not an object; rebuild the dataset with its prepare/ script"),
+    ("{not json", "not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); "
+                  "no prepare command is known for a dataset named 'ds'; the prepare scripts are python prepare/"),
+    ("[1, 2]", "holds a JSON list, not an object; no prepare command is known for a dataset named 'ds'"),
     ({"dtype": "uint1x"}, "dtype is 'uint1x', expected an unsigned integer type such as uint16 or uint32"),
     ({"dtype": 16}, "dtype is 16, expected an unsigned integer type"),
     ({"dtype": "float32"}, "dtype is 'float32', expected an unsigned integer type"),
@@ -555,6 +551,49 @@ def test_bad_meta_json_beside_the_bin_is_one_line(env, tmp_path, meta, want):
     (d / "meta.json").write_text(meta if isinstance(meta, str) else json.dumps({**env.meta, **meta}))
     msg = err(["--ckpt", env.ckpts["pope"], "--data", str(d / "val.bin"), "--lengths", "32"])
     assert msg.startswith(f"error: {d / 'meta.json'}") and want in msg and "\n" not in msg, msg
+
+
+READER_META = {"vocab_size": 4, "dtype": "uint16", "tokenizer": "itos", "itos": list("ab\nc"), "tokens": {"val": 100},
+               "prepare": "python prepare/x.py"}
+
+
+@pytest.mark.parametrize("name, meta, data, want", [
+    ("nope.bin", {}, None, "data file {d}/nope.bin not found"),
+    ("val.bin", None, None, "{d}/val.bin: no meta.json beside it ({d}/meta.json); prepare/ writes each X.bin"),
+    ("val.bin", {"dtype": "float32"}, None, "{d}/meta.json: dtype is 'float32', expected an unsigned integer type"),
+    ("val.bin", {"dtype": "uint32"}, None,  # 200 bytes: 50 uint32 ids, not the 100 recorded
+     "{d}/val.bin: holds 50 tokens but meta.json records 100 (files from different runs?); rebuild it with: python "
+     "prepare/x.py"),
+    ("val.bin", {}, b"\0" * 201, "{d}/val.bin: 201 bytes, not a multiple of 2 (the size of a uint16 token)"),
+    ("val.bin", {"tokens": {"val": 99}}, None, "{d}/val.bin: holds 100 tokens but meta.json records 99"),
+    ("val.bin", {"row_len": 30, "tokens": {}}, None, "{d}/val.bin: holds 100 tokens, not a multiple of row_len 30"),
+    ("val.bin", {"tokenizer": "gpt2", "vocab_size": 50257}, None,
+     "{d}/val.bin was tokenized with a different vocabulary than ck.pt's training data (gpt2 vs characters)"),
+    ("val.md", {}, b"ab", "{d}/val.md: give a prepared split X.bin, a text X.txt or documents X.jsonl"),
+    ("val.txt", {}, b"ab\xff", "{d}/val.txt is not UTF-8 text (byte 0xff); give a UTF-8 file"),
+    ("val.txt", {}, b"abd", "{d}/val.txt: cannot tokenize with ck.pt's vocabulary: characters ['d']"),
+    ("val.jsonl", {}, b'{"text": "ab"}\n\n{"text": ', "{d}/val.jsonl:3: not valid JSON (Expecting value"),
+    ("val.jsonl", {}, b'{"text": 3}', '{d}/val.jsonl:1: expected an object with a "text" string'),
+])
+def test_read_tokens_refuses_bad_input(tmp_path, name, meta, data, want):
+    """prepare.common.read_tokens, the eval scripts' reader: each bad file is a PrepareError of one line naming the
+    file and the fix (a .bin's size and dtype as check_dataset checks them), where numpy read floats, memmapped
+    a cut file or read the wrong ids before; the good file reads as written."""
+    d = tmp_path / "ds"
+    d.mkdir()
+    ids = np.arange(100, dtype=np.uint16) % 4
+    (d / "val.bin").write_bytes(ids.tobytes())
+    (d / "meta.json").write_text(json.dumps(READER_META))
+    assert np.array_equal(read_tokens(str(d / "val.bin"), READER_META, 10, "ck.pt"), ids)  # the whole file
+    if data is not None:
+        (d / name).write_bytes(data)
+    if meta is None:
+        (d / "meta.json").unlink()
+    else:
+        (d / "meta.json").write_text(json.dumps({**READER_META, **meta}))
+    with pytest.raises(PrepareError) as e:
+        read_tokens(str(d / name), READER_META, 10 ** 6, "ck.pt")
+    assert str(e.value).startswith(want.format(d=d)) and "\n" not in str(e.value), str(e.value)
 
 
 def test_unwritable_json_is_one_line(env, tmp_path, monkeypatch, readonly):

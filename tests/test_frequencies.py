@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import eval_frequencies as ef  # noqa: E402
+from helpers import script_error, script_help  # noqa: E402
 from model import GPT, GPTConfig, yarn_inv_freq  # noqa: E402
 
 ITOS = list("abcdefghijklmnop")
@@ -59,9 +60,7 @@ def run(args, tmp_path):
 
 
 def err(args):
-    with pytest.raises(SystemExit) as e:
-        ef.main([*map(str, args), "--no_progress"])
-    return str(e.value.code)
+    return script_error(ef.main, [*args, "--no_progress"])
 
 
 # -----------------------------------------------------------------------------
@@ -190,11 +189,8 @@ def test_plot(data, tmp_path, capsys):
     assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_help(capsys):
-    with pytest.raises(SystemExit) as e:
-        ef.main(["--help"])
-    assert e.value.code == 0
-    out = capsys.readouterr().out
+def test_help():
+    out = script_help(ef.main)
     assert "Usage:" in out and "--tokens" in out and "causal pairs" in out
 
 
@@ -217,7 +213,7 @@ def test_clear_errors(data, tmp_path, monkeypatch):
     assert msg.startswith(f"error: cannot load {tmp_path / 'p.pt'}: refused, because loading it would run code (it "
                           "asks to call fractions.Fraction)") and "\n" not in msg and "weights_only" not in msg, msg
     (tmp_path / "bad.jsonl").write_text('{"text": "abc"}\n[1, 2]\n')
-    assert "bad.jsonl:2: expected a JSON object" in err(["--ckpt", ck, "--data", tmp_path / "bad.jsonl"])
+    assert 'bad.jsonl:2: expected an object with a "text"' in err(["--ckpt", ck, "--data", tmp_path / "bad.jsonl"])
     (tmp_path / "x.txt").write_text("xyz" * 10)
     assert "cannot tokenize" in err(["--ckpt", ck, "--data", tmp_path / "x.txt"])
     big = save(tiny(0, pos_emb="pope", vocab_size=8), tmp_path / "small_vocab.pt")
