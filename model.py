@@ -110,33 +110,33 @@ def pope_delta(delta, bound="wrap"):
     return torch.clamp(delta, -TWO_PI, 0.0)
 
 
-def pope_cartesian(x, positions, delta=None, base=10000.0, is_mu=False):
+def pope_cartesian(x, positions, delta=None, base=10000.0):
     """[mu cos(phi), mu sin(phi)], shape (B, H, T, 2D), computed in float32 (float64
-    for float64 input). x: (B, H, T, D) raw projection, or mu itself with is_mu;
-    positions: (T,); delta: (H, D) for keys, None for queries."""
+    for float64 input). x: (B, H, T, D) raw projection; positions: (T,); delta: (H, D)
+    for keys, None for queries. The model's PyTorch path, cached or not, uses this."""
     D = x.size(-1)
     cdtype = torch.promote_types(x.dtype, torch.float32)
     theta = pope_frequencies(D, base, x.device, cdtype)
     phase = positions.to(cdtype)[:, None] * theta[None, :]  # (T, D)
     if delta is not None:
         phase = phase + delta.to(cdtype)[:, None, :]  # (H, T, D)
-    mu = x.to(cdtype) if is_mu else pope_magnitude(x.to(cdtype))
+    mu = pope_magnitude(x.to(cdtype))
     return torch.cat([mu * torch.cos(phase), mu * torch.sin(phase)], dim=-1)
 
 
-def pope_attention_torch(q, k, v, delta, *, causal=True, sm_scale=None, base=10000.0, q_offset=0, k_is_mu=False):
-    """PoPE attention in plain PyTorch, with pope_kernel.pope_attention's contract.
-    q (B, H, Tq, D); k, v (B, H, Tk, D); delta (H, D), used as given (bound it with
-    pope_delta first). Query row i sits at position q_offset + i, key row j at j
-    (SDPA's is_causal aligns top-left: offsets get a mask); k_is_mu: k holds mu_k.
-    The 2D vectors are cast to v's dtype, so that SDPA runs its fused bf16 kernels."""
+def pope_attention_torch(q, k, v, delta, *, causal=True, base=10000.0, q_offset=0):
+    """The model's PyTorch path (pope_cartesian, then SDPA) with pope_kernel.pope_attention's
+    contract at its default scale: tests and bench.py hold the kernel to it. q (B, H, Tq, D);
+    k, v (B, H, Tk, D); delta (H, D), used as given (bound it with pope_delta first). Query
+    row i sits at position q_offset + i, key row j at j (SDPA's is_causal aligns top-left:
+    offsets get a mask). q and k go to v's dtype, so that SDPA runs its fused bf16 kernels."""
     qpos = torch.arange(q_offset, q_offset + q.size(2), device=q.device)
     kpos = torch.arange(k.size(2), device=q.device)
     qc = pope_cartesian(q, qpos, None, base).to(v.dtype)
-    kc = pope_cartesian(k, kpos, delta, base, is_mu=k_is_mu).to(v.dtype)
+    kc = pope_cartesian(k, kpos, delta, base).to(v.dtype)
     mask = kpos[None, :] <= qpos[:, None] if causal and (q_offset or q.size(2) != k.size(2)) else None
     return F.scaled_dot_product_attention(qc, kc, v, attn_mask=mask, is_causal=causal and mask is None,
-                                          scale=1.0 / math.sqrt(q.size(-1)) if sm_scale is None else sm_scale)
+                                          scale=1.0 / math.sqrt(q.size(-1)))
 
 
 # -----------------------------------------------------------------------------
