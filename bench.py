@@ -38,8 +38,8 @@ def kernel_attention(q, k, v, delta, **kw):  # what model.py runs on CUDA
     return pk.pope_attention(q, k, v, pope_delta(delta), pope_frequencies(q.size(-1), device=q.device), **kw)
 
 
-def torch_attention(q, k, v, delta, **kw):  # model.py's PyTorch path
-    return pope_attention_torch(q, k, v, pope_delta(delta), **kw)
+def torch_attention(q, k, v, delta, k_is_mu=False, **kw):  # model.py's PyTorch path (k as mu: from the k it is of)
+    return pope_attention_torch(q, torch.log(torch.expm1(k)) if k_is_mu else k, v, pope_delta(delta), **kw)
 
 
 def rel(a, b):

@@ -5,7 +5,7 @@ plain PyTorch, top to bottom as the paper writes it (section "PoPE" below);
 pope_kernel.py holds a fused Triton kernel that computes the same attention.
 
 Usage (as a library):
-    from model import GPT, GPTConfig
+    from model import GPT, GPTConfig, load_checkpoint
     model = GPT(GPTConfig(pos_emb="pope"))
     logits, loss = model(idx, targets)
     model, ckpt = load_checkpoint("out/ckpt.pt", device="cuda")
@@ -77,8 +77,8 @@ class GPTConfig:
 #     a_ts = (1/sqrt(D)) sum_c mu_q[t,c] mu_k[s,c] cos((s-t)*theta_c + delta_c)
 # delta is a learned (H, D) phase bias per layer, kept in [-2pi, 0]. The score
 # is the real dot product of the 2D-long vectors [mu cos(phi), mu sin(phi)], so
-# the PyTorch path builds those and calls SDPA. Values, softmax and the causal
-# mask are unchanged.
+# the PyTorch path builds those (pope_cartesian) and calls SDPA. Values, softmax
+# and the causal mask are unchanged.
 #
 # The fused kernel (pope_kernel.py) takes theta from pope_frequencies and delta
 # from pope_delta; its @triton.jit helpers _softplus, _cos_sin, _cartesian_tile
@@ -110,33 +110,33 @@ def pope_delta(delta, bound="wrap"):
     return torch.clamp(delta, -TWO_PI, 0.0)
 
 
-def pope_cartesian(x, positions, delta=None, base=10000.0, is_mu=False):
+def pope_cartesian(x, positions, delta=None, base=10000.0):
     """[mu cos(phi), mu sin(phi)], shape (B, H, T, 2D), computed in float32 (float64
-    for float64 input). x: (B, H, T, D) raw projection, or mu itself with is_mu;
-    positions: (T,); delta: (H, D) for keys, None for queries."""
+    for float64 input). x: (B, H, T, D) raw projection; positions: (T,); delta: (H, D)
+    for keys, None for queries. The model's PyTorch path, cached or not, uses this."""
     D = x.size(-1)
     cdtype = torch.promote_types(x.dtype, torch.float32)
     theta = pope_frequencies(D, base, x.device, cdtype)
     phase = positions.to(cdtype)[:, None] * theta[None, :]  # (T, D)
     if delta is not None:
         phase = phase + delta.to(cdtype)[:, None, :]  # (H, T, D)
-    mu = x.to(cdtype) if is_mu else pope_magnitude(x.to(cdtype))
+    mu = pope_magnitude(x.to(cdtype))
     return torch.cat([mu * torch.cos(phase), mu * torch.sin(phase)], dim=-1)
 
 
-def pope_attention_torch(q, k, v, delta, *, causal=True, sm_scale=None, base=10000.0, q_offset=0, k_is_mu=False):
-    """PoPE attention in plain PyTorch, with pope_kernel.pope_attention's contract.
-    q (B, H, Tq, D); k, v (B, H, Tk, D); delta (H, D), used as given (bound it with
-    pope_delta first). Query row i sits at position q_offset + i, key row j at j
-    (SDPA's is_causal aligns top-left: offsets get a mask); k_is_mu: k holds mu_k.
-    The 2D vectors are cast to v's dtype, so that SDPA runs its fused bf16 kernels."""
+def pope_attention_torch(q, k, v, delta, *, causal=True, base=10000.0, q_offset=0):
+    """The model's PyTorch path (pope_cartesian, then SDPA) with pope_kernel.pope_attention's
+    contract at its default scale: tests and bench.py hold the kernel to it. q (B, H, Tq, D);
+    k, v (B, H, Tk, D); delta (H, D), used as given (bound it with pope_delta first). Query
+    row i sits at position q_offset + i, key row j at j (SDPA's is_causal aligns top-left:
+    offsets get a mask). q and k go to v's dtype, so that SDPA runs its fused bf16 kernels."""
     qpos = torch.arange(q_offset, q_offset + q.size(2), device=q.device)
     kpos = torch.arange(k.size(2), device=q.device)
     qc = pope_cartesian(q, qpos, None, base).to(v.dtype)
-    kc = pope_cartesian(k, kpos, delta, base, is_mu=k_is_mu).to(v.dtype)
+    kc = pope_cartesian(k, kpos, delta, base).to(v.dtype)
     mask = kpos[None, :] <= qpos[:, None] if causal and (q_offset or q.size(2) != k.size(2)) else None
     return F.scaled_dot_product_attention(qc, kc, v, attn_mask=mask, is_causal=causal and mask is None,
-                                          scale=1.0 / math.sqrt(q.size(-1)) if sm_scale is None else sm_scale)
+                                          scale=1.0 / math.sqrt(q.size(-1)))
 
 
 # -----------------------------------------------------------------------------
@@ -260,7 +260,7 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, cache=None):
         B, T, C = x.size()
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
-        q, k = self.q_probe(q), self.k_probe(k)  # identities: hook points for analysis (eval_frequencies.py)
+        q, k = self.q_probe(q), self.k_probe(k)
         delta = pope_delta(self.delta, self.delta_bound) if self.pos_emb == "pope" else None
         if delta is not None and cache is None and self.kernel(q, k, v, delta):  # training, evaluation on CUDA
             y = pope_kernel.pope_attention(q, k, v, delta, pope_frequencies(self.head_dim, self.pope_base, q.device))
@@ -332,8 +332,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def project_delta_(self):
-        """pope_delta_bound="project": clamp every delta parameter into [-2pi, 0] in
-        place; train.py calls this after each optimizer step. A no-op otherwise."""
+        """pope_delta_bound="project": clamp each delta into [-2pi, 0]; train.py calls it after every step."""
         if self.config.pos_emb == "pope" and self.config.pope_delta_bound == "project":
             for block in self.transformer.h:
                 block.attn.delta.clamp_(-TWO_PI, 0.0)
@@ -343,8 +342,7 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def attention_path(self, device=None):
-        """One line for logs: which attention code runs on `device` (default: where
-        the weights are), and why: use_pope_kernel's rule for this model's heads."""
+        """One line for logs: the attention code on `device` (default: the weights'), and why (use_pope_kernel)."""
         cfg = self.config
         if cfg.pos_emb != "pope":
             return f"{cfg.pos_emb}: PyTorch SDPA (model.py)"
@@ -401,8 +399,7 @@ class GPT(nn.Module):
         return 6 * self.get_num_params() + 6 * L * H * (qk + Q) * T
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops=989e12):
-        """Model FLOPs utilisation: achieved FLOP/s over peak_flops (default: the
-        H100/H200 dense bf16 datasheet number). fwdbwd_per_iter = sequences per step."""
+        """FLOP/s achieved over peak_flops (H100/H200 dense bf16); fwdbwd_per_iter: sequences per step."""
         T = self.config.block_size
         return self.flops_per_token(T) * T * fwdbwd_per_iter / dt / peak_flops
 

@@ -16,8 +16,8 @@ API (q: (B,H,Tq,D), k and v: (B,H,Tk,D), delta: (H,D), theta: (D,), used as give
     kernel_unsupported_reason(q, k, v, delta) -> None or why not
 Query row i sits at position q_offset+i, key row j at position j; with causal,
 key j is visible to query i iff j <= q_offset+i. sm_scale defaults to
-1/sqrt(D). k_is_mu=True says k already holds mu_k = softplus(k), as
-model.pope_attention_torch takes it. Supported: CUDA (compute capability 8.0+),
+1/sqrt(D). k_is_mu=True says k already holds mu_k = softplus(k) (model.py
+never passes it). Supported: CUDA (compute capability 8.0+),
 or the CPU under TRITON_INTERPRET=1 set before this module is imported; bf16,
 fp16 or fp32; head dim 32, 64 or 128. Anything else raises PopeKernelUnsupported.
 

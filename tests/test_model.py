@@ -15,7 +15,7 @@ def pope_attention_reference(q, k, v, delta, bound="wrap", **kw):  # what the mo
     return pope_attention_torch(q, k, v, pope_delta(delta, bound), **kw)
 
 
-def pope_loop_f64(q, k, v, delta, causal, q_offset, base=10000.0, k_is_mu=False, bound="wrap"):
+def pope_loop_f64(q, k, v, delta, causal, q_offset, base=10000.0, bound="wrap"):
     """a_ts = (1/sqrt(D)) sum_c mu_q mu_k cos((s - t) theta_c + delta_c), one (t, s) at a time.
     bound="wrap" uses delta as it is (cos is 2pi-periodic: wrapping changes no score)."""
     q, k, v, delta = (x.double() for x in (q, k, v, delta))
@@ -24,7 +24,7 @@ def pope_loop_f64(q, k, v, delta, causal, q_offset, base=10000.0, k_is_mu=False,
     theta = torch.tensor([base ** (-c / D) for c in range(D)], dtype=torch.float64)
     d = delta if bound == "wrap" else delta.clamp(-2 * math.pi, 0.0)
     mq = F.softplus(q)
-    mk = k if k_is_mu else F.softplus(k)
+    mk = F.softplus(k)
     out = torch.zeros(B, H, Tq, D, dtype=torch.float64)
     for b in range(B):
         for h in range(H):
@@ -56,9 +56,6 @@ def test_pope_reference_matches_loop(Tq, Tk, q_offset, causal, seed, bound):
     assert rel_err(out64, ref) < 1e-12, f"seed {seed}"
     out32 = pope_attention_reference(q, k, v, delta, bound, causal=causal, q_offset=q_offset)
     assert out32.dtype == torch.float32 and rel_err(out32, ref) < 1e-5, f"seed {seed}"
-    # k given as magnitudes (what the KV cache stores)
-    outmu = pope_attention_reference(q, F.softplus(k), v, delta, bound, causal=causal, q_offset=q_offset, k_is_mu=True)
-    assert rel_err(outmu, ref) < 1e-5, f"seed {seed}"
 
 
 @pytest.mark.parametrize("bound", ["wrap", "clamp", "project"])
