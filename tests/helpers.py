@@ -32,3 +32,67 @@ def script_help(main):
     code, out, _ = run_exit(main, ["--help"])
     assert code == 0, code
     return out
+
+
+def run_here(argv, cwd, check=True):
+    """`python *argv` (argv[0] a script's path) run in this process, as __main__ (runpy), so
+    its __main__ block runs too: subprocess.run's CompletedProcess with the exit status, stdout
+    and stderr the process would have had, without a new interpreter's start-up (about 3 s on
+    CI, most of it importing torch; the in-process run of a tiny model takes a tenth of that).
+    As a process ends: sys.exit(message) gives status 1 and the message on stderr, an uncaught
+    exception its traceback and status 1, a warning Python shows by default goes to stderr, the
+    out_dir locks the run took are released, and the RNG states the run set are put back. For
+    what a script prints and leaves on disk; what only a process shows (a lock held by a live
+    run, kill -9, atexit, torchrun) needs subprocess. check: the run must end with status 0."""
+    import os
+    import random
+    import runpy
+    import subprocess
+    import sys
+    import traceback
+    import warnings
+
+    import numpy as np
+    import torch
+    from prepare import common
+
+    out, err = io.StringIO(), io.StringIO()
+    held, rng = set(common._LOCKS), (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    old_argv, old_cwd = sys.argv, os.getcwd()
+    argv = [str(a) for a in argv]
+    try:
+        os.chdir(cwd)
+        sys.argv = argv
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                warnings.catch_warnings(record=True) as shown:
+            warnings.resetwarnings()  # a new interpreter's filters (no -W): these are not shown
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", category)
+            warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+            try:
+                runpy.run_path(argv[0], run_name="__main__")
+                code = 0
+            except SystemExit as e:
+                code = e.code
+            except Exception:  # noqa: BLE001  (what the interpreter prints for it)
+                traceback.print_exc()
+                code = 1
+        for w in shown:
+            err.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line))
+    finally:
+        for path in set(common._LOCKS) - held:  # the OS drops a process's locks, atexit deletes the files
+            common.unlock_folder(os.path.dirname(path), path)
+        random.setstate(rng[0])
+        np.random.set_state(rng[1])
+        torch.set_rng_state(rng[2])
+        sys.argv = old_argv
+        os.chdir(old_cwd)
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        err.write(f"{code}\n")
+        code = 1
+    p = subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"{argv} failed:\n{p.stdout}\n{p.stderr}")
+    return p

@@ -1,21 +1,30 @@
 """train.py end to end on a tiny synthetic dataset: smoke run, exact resume,
-loss masks and fixed rows, sample.py, 2-process DDP (gloo), the configurator."""
+loss masks and fixed rows, sample.py, 2-process DDP (gloo), the configurator.
+
+Most runs are `python train.py ...` run in this process (helpers.run_here: the script's
+__main__, its exit status and output, without importing torch again); new processes
+where a process is what is tested: a resume in a fresh interpreter, torchrun, and one
+refusal through the real exit path."""
 import json
 import os
 import re
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
 import torch
+from helpers import run_here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN, SAMPLE = os.path.join(ROOT, "train.py"), os.path.join(ROOT, "sample.py")
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4",
         "--eval_iters=2", "--log_interval=1", "--warmup_iters=2", "--device=cpu", "--learning_rate=3e-3"]
 
 
 def run(args, cwd, check=True, env_extra=None):
+    """`python *args` as a new process (what a process is needed for; run_here otherwise)."""
     env = dict(os.environ, PYTHONPATH=ROOT, **(env_extra or {}))
     p = subprocess.run([sys.executable] + args, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
     if check and p.returncode != 0:
@@ -56,14 +65,15 @@ def data_root(tmp_path_factory):
 
 
 def test_resume_reproduces_uninterrupted_run(data_root, tmp_path):
-    common = [os.path.join(ROOT, "train.py"), f"--data_dir={data_root}", "--dataset=toy", "--eval_interval=4",
+    common = [TRAIN, f"--data_dir={data_root}", "--dataset=toy", "--eval_interval=4",
               "--gradient_accumulation_steps=2", "--dropout=0.1", "--lr_decay_iters=8"] + TINY
-    run(common + ["--max_iters=8", "--out_dir=full"], tmp_path)
-    run(common + ["--max_iters=4", "--out_dir=part"], tmp_path)
+    run_here(common + ["--max_iters=8", "--out_dir=full"], tmp_path)
+    run_here(common + ["--max_iters=4", "--out_dir=part"], tmp_path)
     ck = torch.load(tmp_path / "part" / "ckpt.pt", weights_only=False)
     assert ck["iter_num"] == 4 and set(ck["rng"]) == {"python", "numpy", "torch", "cuda"}
     assert ck["meta"]["vocab_size"] == 20 and "optimizer" in ck and ck["config"]["dropout"] == 0.1
     assert not os.path.exists(tmp_path / "part" / "ckpt.pt.tmp")
+    # the resume in a new process: only what the checkpoint holds carries over
     run(common + ["--max_iters=8", "--out_dir=part", "--init_from=resume"], tmp_path)
     full, part = losses(tmp_path / "full"), losses(tmp_path / "part")
     assert sorted(full) == list(range(8)) and sorted(part) == list(range(8))
@@ -71,25 +81,25 @@ def test_resume_reproduces_uninterrupted_run(data_root, tmp_path):
         assert full[it] == part[it], (it, full[it], part[it])  # bitwise on CPU
     assert full[7] < full[0] - 0.3  # it learns
     # sample.py runs on the checkpoint and decodes with the dataset's itos
-    p = run([os.path.join(ROOT, "sample.py"), "--out_dir=full", "--start=abc", "--num_samples=2",
-             "--max_new_tokens=10", "--device=cpu"], tmp_path)
+    p = run_here([SAMPLE, "--out_dir=full", "--start=abc", "--num_samples=2",
+                  "--max_new_tokens=10", "--device=cpu"], tmp_path)
     samples = [s.strip() for s in p.stdout.split("---------------") if s.strip()]
     assert len(samples) == 2 and all(s.startswith("abc") and len(s) == 13 for s in samples)
 
 
 def test_rows_and_loss_mask(data_root, tmp_path):
     """Only masked targets count: a model learns the copy task to high accuracy."""
-    args = [os.path.join(ROOT, "train.py"), f"--data_dir={data_root}", "--dataset=rows", "--out_dir=o"] + TINY + [
+    args = [TRAIN, f"--data_dir={data_root}", "--dataset=rows", "--out_dir=o"] + TINY + [
         "--max_iters=150", "--eval_interval=150", "--eval_iters=4", "--batch_size=32",
         "--gradient_accumulation_steps=1", "--lr_decay_iters=150"]  # later keys override TINY's
-    run(args, tmp_path)
+    run_here(args, tmp_path)
     recs = [json.loads(line) for line in open(tmp_path / "o" / "metrics.jsonl")]
     ev = [r["eval"] for r in recs if "eval" in r]
     assert ev[0]["val"]["tokens"] == 4 * 32  # one scored token per row
     assert ev[-1]["val"]["acc"] > 0.9 and ev[0]["val"]["acc"] < 0.3
     # the whole split, once each row
-    run([os.path.join(ROOT, "train.py"), f"--data_dir={data_root}", "--dataset=rows", "--out_dir=o",
-         "--init_from=resume", "--eval_only=True", "--eval_full=True", "--eval_splits=val", "--device=cpu"], tmp_path)
+    run_here([TRAIN, f"--data_dir={data_root}", "--dataset=rows", "--out_dir=o", "--init_from=resume",
+              "--eval_only=True", "--eval_full=True", "--eval_splits=val", "--device=cpu"], tmp_path)
     full = json.load(open(tmp_path / "o" / "eval.json"))
     assert full["val"]["tokens"] == 200 and full["full"] is True
 
@@ -116,11 +126,11 @@ def test_train_mask_false_trains_on_every_token(data_root, tmp_path):
         if abs(want[True] - want[False]) > 1e-3:
             break
     assert m.sum() == 4, seed
-    args = [os.path.join(ROOT, "train.py"), f"--data_dir={data_root}", "--dataset=rows"] + TINY + [
+    args = [TRAIN, f"--data_dir={data_root}", "--dataset=rows"] + TINY + [
         "--max_iters=1", "--eval_interval=1", "--gradient_accumulation_steps=1", f"--seed={seed}"]
     recs = {}
     for flag in (True, False):
-        run(args + [f"--out_dir=o{flag}", f"--train_mask={flag}"], tmp_path)
+        run_here(args + [f"--out_dir=o{flag}", f"--train_mask={flag}"], tmp_path)
         recs[flag] = [json.loads(line) for line in open(tmp_path / f"o{flag}" / "metrics.jsonl")]
     for flag in (True, False):
         got = next(r["loss"] for r in recs[flag] if r.get("iter") == 0 and "loss" in r)
@@ -133,9 +143,9 @@ def test_train_mask_false_trains_on_every_token(data_root, tmp_path):
 def test_ddp_matches_single_process(data_root, tmp_path):
     common = [f"--data_dir={data_root}", "--dataset=toy", "--eval_interval=3", "--max_iters=6",
               "--gradient_accumulation_steps=4", "--lr_decay_iters=6"] + TINY
-    run([os.path.join(ROOT, "train.py"), "--out_dir=one"] + common, tmp_path)
+    run_here([TRAIN, "--out_dir=one"] + common, tmp_path)
     run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         os.path.join(ROOT, "train.py"), "--out_dir=two"] + common, tmp_path, env_extra={"OMP_NUM_THREADS": "1"})
+         TRAIN, "--out_dir=two"] + common, tmp_path, env_extra={"OMP_NUM_THREADS": "1"})
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert sorted(one) == sorted(two) == list(range(6))
     for it in one:
@@ -143,7 +153,7 @@ def test_ddp_matches_single_process(data_root, tmp_path):
     assert one[5] < one[0]
     # resume under torchrun: stop at 3, continue to 6; the losses continue those of the
     # uninterrupted 2-process run, and only rank 0 writes the checkpoint
-    ddp = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", os.path.join(ROOT, "train.py"),
+    ddp = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", TRAIN,
            "--out_dir=part"] + common
     run(ddp + ["--max_iters=3"], tmp_path, env_extra={"OMP_NUM_THREADS": "1"})
     ck = torch.load(tmp_path / "part" / "ckpt.pt", weights_only=False)
@@ -157,24 +167,24 @@ def test_ddp_matches_single_process(data_root, tmp_path):
 
 
 def test_configurator_errors(tmp_path):
-    p = run([os.path.join(ROOT, "train.py"), "--lerning_rate=1e-3"], tmp_path, check=False)
+    p = run_here([TRAIN, "--lerning_rate=1e-3"], tmp_path, check=False)
     assert p.returncode != 0 and "unknown config key 'lerning_rate'" in p.stderr and "learning_rate" in p.stderr
-    p = run([os.path.join(ROOT, "train.py"), "--max_iters=ten"], tmp_path, check=False)
+    p = run_here([TRAIN, "--max_iters=ten"], tmp_path, check=False)
     assert p.returncode != 0 and "'max_iters'" in p.stderr and "must be int" in p.stderr
     cfgfile = tmp_path / "bad.py"
     cfgfile.write_text("batch_size = 8\nn_layers = 3\n")
-    p = run([os.path.join(ROOT, "train.py"), str(cfgfile)], tmp_path, check=False)
+    p = run_here([TRAIN, str(cfgfile)], tmp_path, check=False)
     assert p.returncode != 0 and "unknown config key 'n_layers'" in p.stderr and "n_layer" in p.stderr
-    p = run([os.path.join(ROOT, "train.py"), "--dataset=nope", "--device=cpu"], tmp_path, check=False)
+    p = run_here([TRAIN, "--dataset=nope", "--device=cpu"], tmp_path, check=False)
     assert p.returncode != 0 and "no such dataset folder" in p.stderr and "prepare/indirect_indexing.py" in p.stderr
-    p = run([os.path.join(ROOT, "train.py"), "--compile_mode=fast", "--device=cpu"], tmp_path, check=False)
+    p = run_here([TRAIN, "--compile_mode=fast", "--device=cpu"], tmp_path, check=False)
     assert p.returncode != 0 and "compile_mode must be default, reduce-overhead or max-autotune" in p.stderr
     # the quick demo's data, missing: the real command, and no empty out_dir left behind
-    p = run([os.path.join(ROOT, "train.py"), os.path.join(ROOT, "config", "indirect_indexing_quick.py"),
-             f"--data_dir={tmp_path / 'nodata'}", "--out_dir=o-quick"], tmp_path, check=False)
+    p = run_here([TRAIN, os.path.join(ROOT, "config", "indirect_indexing_quick.py"),
+                  f"--data_dir={tmp_path / 'nodata'}", "--out_dir=o-quick"], tmp_path, check=False)
     assert p.returncode != 0 and "python prepare/indirect_indexing.py --quick" in p.stderr, p.stderr
     assert not (tmp_path / "o-quick").exists()
-    p = run([os.path.join(ROOT, "train.py"), "--help"], tmp_path)
+    p = run_here([TRAIN, "--help"], tmp_path)
     assert "--pos_emb='pope'" in p.stdout and "Usage" in p.stdout
 
 
@@ -219,7 +229,7 @@ def test_nonsense_settings_are_refused(data_root, tmp_path):
     assert config_problems(dict(defaults)) == []
     assert config_problems(configure(["--n_head=0"], defaults)[0]) == [  # not also "must be divisible by n_head=0"
         "n_layer, n_head and n_embd must be >= 1 (got n_layer=12, n_head=0, n_embd=768)"]
-    p = run([os.path.join(ROOT, "train.py"), f"--data_dir={data_root}", "--dataset=toy", "--out_dir=o"] + TINY
+    p = run([TRAIN, f"--data_dir={data_root}", "--dataset=toy", "--out_dir=o"] + TINY
             + ["--batch_size=0", "--eval_interval=0"], tmp_path, check=False)
     assert p.returncode != 0 and "batch_size must be >= 1" in p.stderr and "eval_interval must be >= 1" in p.stderr
     assert not (tmp_path / "o").exists()
@@ -229,8 +239,8 @@ def test_all_zero_loss_mask_is_refused(data_root, tmp_path):
     import shutil
     shutil.copytree(data_root / "rows", tmp_path / "rows")
     np.zeros(2000 * 12, dtype=np.uint8).tofile(tmp_path / "rows" / "train_mask.bin")
-    p = run([os.path.join(ROOT, "train.py"), f"--data_dir={tmp_path}", "--dataset=rows", "--out_dir=o"] + TINY
-            + ["--max_iters=2"], tmp_path, check=False)
+    p = run_here([TRAIN, f"--data_dir={tmp_path}", "--dataset=rows", "--out_dir=o"] + TINY
+                 + ["--max_iters=2"], tmp_path, check=False)
     assert p.returncode != 0 and "train_mask.bin: scores no token" in p.stderr, p.stderr[-500:]
 
 
@@ -243,8 +253,8 @@ def test_mixed_dataset_folder_is_refused(data_root, tmp_path):
     json.dump(meta, open(tmp_path / "rows" / "meta.json", "w"))
     np.ones(1500 * 12, dtype=np.uint16).tofile(tmp_path / "rows" / "train.bin")
     np.ones(1500 * 12, dtype=np.uint8).tofile(tmp_path / "rows" / "train_mask.bin")
-    p = run([os.path.join(ROOT, "train.py"), f"--data_dir={tmp_path}", "--dataset=rows", "--out_dir=o"] + TINY
-            + ["--max_iters=2"], tmp_path, check=False)
+    p = run_here([TRAIN, f"--data_dir={tmp_path}", "--dataset=rows", "--out_dir=o"] + TINY
+                 + ["--max_iters=2"], tmp_path, check=False)
     assert p.returncode != 0 and "train.bin" in p.stderr and "18000" in p.stderr.replace(",", ""), p.stderr[-500:]
 
 
@@ -256,17 +266,17 @@ class _Payload:
 
 def test_loading_a_file_never_runs_code_from_it(data_root, tmp_path):
     common = [f"--data_dir={data_root}", "--dataset=toy", "--eval_interval=2", "--max_iters=2"] + TINY
-    run([os.path.join(ROOT, "train.py"), "--out_dir=o"] + common, tmp_path)
+    run_here([TRAIN, "--out_dir=o"] + common, tmp_path)
     ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)  # a real checkpoint loads safely
     marker = tmp_path / "pwned"
     os.environ["MARKER"] = str(marker)
     ck["config"]["evil"] = _Payload()
     torch.save(ck, tmp_path / "o" / "ckpt.pt")
-    p = run([os.path.join(ROOT, "train.py"), "--out_dir=o", "--init_from=resume", "--max_iters=4"] + common,
-            tmp_path, check=False)
+    p = run_here([TRAIN, "--out_dir=o", "--init_from=resume", "--max_iters=4"] + common,
+                 tmp_path, check=False)
     assert p.returncode != 0 and not marker.exists()
-    p = run([os.path.join(ROOT, "sample.py"), "--ckpt=o/ckpt.pt", "--device=cpu", "--max_new_tokens=2"],
-            tmp_path, check=False)
+    p = run_here([SAMPLE, "--ckpt=o/ckpt.pt", "--device=cpu", "--max_new_tokens=2"],
+                 tmp_path, check=False)
     assert p.returncode != 0 and not marker.exists() and "error: cannot load" in p.stderr, p.stderr[-800:]
     assert "Traceback" not in p.stderr
 
@@ -275,21 +285,21 @@ def test_checkpoints_are_never_lost(data_root, tmp_path):
     """A new run never replaces an old run's checkpoint unless asked; a diverging run
     never saves; a resume that names another model shape is refused."""
     common = [f"--data_dir={data_root}", "--dataset=toy", "--eval_interval=2", "--out_dir=o"] + TINY
-    run([os.path.join(ROOT, "train.py"), "--max_iters=4"] + common, tmp_path)
+    run_here([TRAIN, "--max_iters=4"] + common, tmp_path)
     good = (tmp_path / "o" / "ckpt.pt").read_bytes()
-    p = run([os.path.join(ROOT, "train.py"), "--max_iters=1"] + common, tmp_path, check=False)
+    p = run_here([TRAIN, "--max_iters=1"] + common, tmp_path, check=False)
     assert p.returncode != 0 and "--init_from=resume" in p.stderr and "--out_dir" in p.stderr
     assert (tmp_path / "o" / "ckpt.pt").read_bytes() == good
-    p = run([os.path.join(ROOT, "train.py"), "--init_from=resume", "--max_iters=8"] + common
-            + ["--learning_rate=1e30", "--min_lr=1e29"], tmp_path, check=False)
+    p = run_here([TRAIN, "--init_from=resume", "--max_iters=8"] + common
+                 + ["--learning_rate=1e30", "--min_lr=1e29"], tmp_path, check=False)
     assert p.returncode != 0 and "not finite" in p.stderr and "iteration" in p.stderr, p.stderr[-500:]
     assert (tmp_path / "o" / "ckpt.pt").read_bytes() == good
-    p = run([os.path.join(ROOT, "train.py"), "--init_from=resume", "--max_iters=8"] + common
-            + ["--n_embd=64", "--n_layer=1"], tmp_path, check=False)
+    p = run_here([TRAIN, "--init_from=resume", "--max_iters=8"] + common
+                 + ["--n_embd=64", "--n_layer=1"], tmp_path, check=False)
     assert p.returncode != 0 and "n_embd=64" in p.stderr and "n_layer=1" in p.stderr
     assert (tmp_path / "o" / "ckpt.pt").read_bytes() == good
     # --overwrite=True starts afresh: a new checkpoint and a new log
-    run([os.path.join(ROOT, "train.py"), "--max_iters=2", "--overwrite=True"] + common, tmp_path)
+    run_here([TRAIN, "--max_iters=2", "--overwrite=True"] + common, tmp_path)
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iter_num"] == 2
     assert sorted(losses(tmp_path / "o")) == [0, 1]
 
@@ -297,14 +307,14 @@ def test_checkpoints_are_never_lost(data_root, tmp_path):
 def test_resume_of_a_checkpoint_older_than_the_delta_bound_keeps_the_clamp(data_root, tmp_path):
     """A checkpoint written before pope_delta_bound existed was trained with the clamp:
     resuming it keeps the clamp, in the model and in the config it saves."""
-    common = [os.path.join(ROOT, "train.py"), f"--data_dir={data_root}", "--dataset=toy", "--out_dir=o",
+    common = [TRAIN, f"--data_dir={data_root}", "--dataset=toy", "--out_dir=o",
               "--eval_interval=2"] + TINY
-    run(common + ["--max_iters=2"], tmp_path)
+    run_here(common + ["--max_iters=2"], tmp_path)
     ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
     assert ck["model_args"]["pope_delta_bound"] == "wrap"
     del ck["model_args"]["pope_delta_bound"], ck["config"]["pope_delta_bound"]
     torch.save(ck, tmp_path / "o" / "ckpt.pt")
-    run(common + ["--max_iters=4", "--init_from=resume"], tmp_path)
+    run_here(common + ["--max_iters=4", "--init_from=resume"], tmp_path)
     ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
     assert ck["iter_num"] == 4
     assert ck["model_args"]["pope_delta_bound"] == "clamp" and ck["config"]["pope_delta_bound"] == "clamp"
@@ -312,19 +322,19 @@ def test_resume_of_a_checkpoint_older_than_the_delta_bound_keeps_the_clamp(data_
 
 def test_resume_takes_the_dataset_from_the_checkpoint(data_root, tmp_path):
     """The README's 'evaluate a checkpoint' command names neither dataset nor data_dir."""
-    run([os.path.join(ROOT, "train.py"), f"--data_dir={data_root}", "--dataset=rows", "--out_dir=o", "--max_iters=2",
-         "--eval_interval=2"] + TINY, tmp_path)
-    run([os.path.join(ROOT, "train.py"), "--out_dir=o", "--init_from=resume", "--eval_only=True", "--eval_full=True",
-         "--eval_splits=val"], tmp_path)
+    run_here([TRAIN, f"--data_dir={data_root}", "--dataset=rows", "--out_dir=o", "--max_iters=2",
+              "--eval_interval=2"] + TINY, tmp_path)
+    run_here([TRAIN, "--out_dir=o", "--init_from=resume", "--eval_only=True", "--eval_full=True",
+              "--eval_splits=val"], tmp_path)
     assert json.load(open(tmp_path / "o" / "eval.json"))["val"]["tokens"] == 200
 
 
 def test_sample_refuses_nonsense_settings(tmp_path):
     for arg, msg in (("--top_k=0", "--top_k must be >= 1"), ("--temperature=-1", "--temperature must be >= 0"),
                      ("--num_samples=0", "--num_samples must be >= 1"), ("--max_new_tokens=0", "--max_new_tokens must be >= 1")):
-        p = run([os.path.join(ROOT, "sample.py"), arg, "--device=cpu"], tmp_path, check=False)
+        p = run_here([SAMPLE, arg, "--device=cpu"], tmp_path, check=False)
         assert p.returncode == 2 and msg in p.stderr, (arg, p.stderr[-300:])
-    p = run([os.path.join(ROOT, "sample.py"), "--out_dir=nothing", "--device=cpu"], tmp_path, check=False)
+    p = run_here([SAMPLE, "--out_dir=nothing", "--device=cpu"], tmp_path, check=False)
     assert p.returncode == 1 and "checkpoint nothing/ckpt.pt not found" in p.stderr
 
 
@@ -408,10 +418,15 @@ def test_train_step_against_float64_formulas(data_root):
 
 def test_bench_train_graph_check_compares_the_logged_losses(capsys, monkeypatch):
     """bench.py check's comparison of graphed and eager train.py steps, run on the CPU
-    with both runs eager: equal runs pass; a run with another learning rate fails."""
+    with both runs eager: equal runs pass; a run with another learning rate fails. Its
+    train.py processes run in this process (run_here): the comparison is what is tested."""
     sys.path.insert(0, ROOT)
     import bench
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the train.py processes (on 2 shared cores, 2 threads crawl)
+
+    def here(cmd, **kwargs):  # bench's `python train.py ...` processes, run in this process
+        assert cmd[0] == sys.executable and kwargs == {"capture_output": True, "text": True}, (cmd, kwargs)
+        return run_here(cmd[1:], os.getcwd(), check=False)
+    monkeypatch.setattr(bench, "subprocess", types.SimpleNamespace(run=here))
     assert bench.train_graph_check(steps=3, device="cpu", graphed=(), pos_embs=("rope",))
     out = capsys.readouterr().out
     assert out.startswith("ok  rope: 3 graphed steps vs 3 eager") and "largest |difference| 0.0e+00" in out, out
