@@ -1,7 +1,12 @@
 """train.py under faults: one run per out_dir, data that changes under a run or
 before a resume, damaged and foreign checkpoint files, read-only and full disks,
 bad config files and devices, a folder with a log but no checkpoint, and the
-progress output (the eval's bar, a smoothed ETA, MFU only on CUDA)."""
+progress output (the eval's bar, a smoothed ETA, MFU only on CUDA).
+
+Runs whose process is not under test are `python train.py ...` run in this process
+(helpers.run_here: the script's __main__, its exit status and output, without
+importing torch again); a live run, two runs at once, the lock a normal exit removes
+and a process started without TRITON_INTERPRET are new processes."""
 import errno
 import fractions
 import io
@@ -18,6 +23,7 @@ import types
 import numpy as np
 import pytest
 import torch
+from helpers import run_here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -35,6 +41,7 @@ def env():
 
 
 def run(args, cwd, check=True):
+    """`python *args` as a new process (what a process is needed for; run_here otherwise)."""
     p = subprocess.run([sys.executable] + args, cwd=cwd, capture_output=True, text=True, env=env(), timeout=600)
     if check and p.returncode != 0:
         raise AssertionError(f"{args} failed:\n{p.stdout}\n{p.stderr}")
@@ -142,8 +149,8 @@ def test_a_second_run_on_a_live_out_dir_is_refused(data, tmp_path):
         wait_until(lambda: (out / "ckpt.pt").exists() and logged_iter(out) >= 4, first)
         log_id = os.stat(out / "metrics.jsonl").st_ino
         for extra in ([], ["--overwrite=True"], ["--init_from=resume"]):
-            p = run(train(data, "--out_dir=o", "--max_iters=5", "--eval_interval=1", "--seed=2") + extra, tmp_path,
-                    check=False)
+            p = run_here(train(data, "--out_dir=o", "--max_iters=5", "--eval_interval=1", "--seed=2") + extra,
+                         tmp_path, check=False)
             refused(p, f"pid {first.pid}", "in use by another run", "--out_dir")
         assert first.poll() is None
     finally:
@@ -153,7 +160,7 @@ def test_a_second_run_on_a_live_out_dir_is_refused(data, tmp_path):
     assert its == list(range(len(its))) and len(its) >= 5  # one run's log: every iteration once, in order
     ck = torch.load(out / "ckpt.pt", weights_only=True)
     assert ck["config"]["seed"] == 1 and ck["iter_num"] % 3 == 0
-    # the killed run's lock went with it
+    # the killed run's lock went with it (a new process: its normal exit removes its own)
     run(train(data, "--out_dir=o", "--init_from=resume", f"--max_iters={ck['iter_num'] + 1}"), tmp_path)
     assert sorted(p.name for p in out.iterdir()) == ["ckpt.pt", "metrics.jsonl"]  # a normal exit removes .lock
 
@@ -195,7 +202,7 @@ def test_a_running_job_keeps_its_data_when_prepare_swaps_the_folder(data, tmp_pa
     assert json.load(open(data / "rows" / "meta.json"))["row_len"] == 23  # the swap happened
     got = losses(tmp_path / "live")
     n = max(got) + 1
-    run(args + [f"--data_dir={tmp_path / 'ref'}", "--out_dir=ref-run", f"--max_iters={n}"], tmp_path)
+    run_here(args + [f"--data_dir={tmp_path / 'ref'}", "--out_dir=ref-run", f"--max_iters={n}"], tmp_path)
     want = losses(tmp_path / "ref-run")
     assert n > swapped_at + 8 and all(got[i] == want[i] for i in range(n)), (swapped_at, got, want)
     ev = lambda d: [r["eval"] for r in records(d) if "eval" in r and r["iter"] < n]  # noqa: E731
@@ -204,16 +211,16 @@ def test_a_running_job_keeps_its_data_when_prepare_swaps_the_folder(data, tmp_pa
     ck = torch.load(tmp_path / "live" / "ckpt.pt", weights_only=True)
     resume = args + [f"--data_dir={data}", "--out_dir=live", "--init_from=resume", f"--max_iters={ck['iter_num'] + 2}"]
     before = (tmp_path / "live" / "ckpt.pt").read_bytes()
-    p = run(resume, tmp_path, check=False)
+    p = run_here(resume, tmp_path, check=False)
     refused(p, "is not the data", "meta.json differs", "train.bin: 48,000 bytes -> 92,000 bytes",
             "--data_changed_ok=True")
     assert (tmp_path / "live" / "ckpt.pt").read_bytes() == before
-    run(resume + ["--data_changed_ok=True"], tmp_path)
+    run_here(resume + ["--data_changed_ok=True"], tmp_path)
     ck = torch.load(tmp_path / "live" / "ckpt.pt", weights_only=True)
     assert ck["data"]["bytes"]["train.bin"] == 2000 * 23 * 2 and ck["config"]["data_changed_ok"] is True
     with staged_dataset(data / "rows") as stage:
         write_rows(stage, 23, seed=3, prepare="regenerated with another seed")
-    p = run(resume[:-1] + [f"--max_iters={ck['iter_num'] + 2}"], tmp_path, check=False)
+    p = run_here(resume[:-1] + [f"--max_iters={ck['iter_num'] + 2}"], tmp_path, check=False)
     refused(p, "meta.json differs", "--data_changed_ok=True")
 
 
@@ -221,7 +228,7 @@ def test_a_running_job_keeps_its_data_when_prepare_swaps_the_folder(data, tmp_pa
 # 3. checkpoint integrity, 4. foreign checkpoint files
 
 def test_damaged_and_foreign_checkpoints_are_refused_in_one_line(data, tmp_path, damage):
-    run(train(data, "--out_dir=o", "--max_iters=2", "--eval_interval=2"), tmp_path)
+    run_here(train(data, "--out_dir=o", "--max_iters=2", "--eval_interval=2"), tmp_path)
     good = (tmp_path / "o" / "ckpt.pt").read_bytes()
     ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
     resume = train(data, "--out_dir=o", "--init_from=resume", "--max_iters=4")
@@ -230,8 +237,8 @@ def test_damaged_and_foreign_checkpoints_are_refused_in_one_line(data, tmp_path,
     member = damage(tmp_path / "o" / "ckpt.pt")
     bad = (tmp_path / "o" / "ckpt.pt").read_bytes()
     assert sum(a != b for a, b in zip(good, bad)) == 1
-    refused(run(resume, tmp_path, check=False), "is corrupt", member, "CRC")
-    refused(run(finetune, tmp_path, check=False), "is corrupt", member)
+    refused(run_here(resume, tmp_path, check=False), "is corrupt", member, "CRC")
+    refused(run_here(finetune, tmp_path, check=False), "is corrupt", member)
     from model import CheckpointError, load_checkpoint  # what sample.py and the eval scripts call
     from prepare.common import checkpoint_error
     with pytest.raises(CheckpointError, match="is corrupt"):
@@ -239,15 +246,15 @@ def test_damaged_and_foreign_checkpoints_are_refused_in_one_line(data, tmp_path,
     assert (tmp_path / "o" / "ckpt.pt").read_bytes() == bad and not (tmp_path / "ft").exists()
     # empty, cut short
     open(tmp_path / "o" / "ckpt.pt", "wb").close()
-    refused(run(resume, tmp_path, check=False), "is empty (0 bytes)")
+    refused(run_here(resume, tmp_path, check=False), "is empty (0 bytes)")
     open(tmp_path / "o" / "ckpt.pt", "wb").write(good[:len(good) // 2])
-    refused(run(resume, tmp_path, check=False), "cut short")
+    refused(run_here(resume, tmp_path, check=False), "cut short")
     # not a train.py checkpoint: a bare state_dict, a tensor
     torch.save(ck["model"], tmp_path / "sd.pt")
-    refused(run(train(data, "--out_dir=ft", "--init_from=sd.pt"), tmp_path, check=False),
+    refused(run_here(train(data, "--out_dir=ft", "--init_from=sd.pt"), tmp_path, check=False),
             "sd.pt holds a bare state_dict", "not a train.py checkpoint")
     torch.save(torch.zeros(3, 4), tmp_path / "t.pt")
-    refused(run(train(data, "--out_dir=ft", "--init_from=t.pt"), tmp_path, check=False),
+    refused(run_here(train(data, "--out_dir=ft", "--init_from=t.pt"), tmp_path, check=False),
             "t.pt holds a bare tensor of shape (3, 4)")
     with pytest.raises(CheckpointError, match="bare tensor"):
         load_checkpoint(str(tmp_path / "t.pt"))
@@ -255,82 +262,64 @@ def test_damaged_and_foreign_checkpoints_are_refused_in_one_line(data, tmp_path,
     torch.save({**ck, "config": {**ck["config"], "odd": fractions.Fraction(1, 3)}}, tmp_path / "pk.pt")
     with pytest.raises(Exception) as e:
         load_checkpoint(str(tmp_path / "pk.pt"))
-    err = refused(run(train(data, "--out_dir=ft", "--init_from=pk.pt"), tmp_path, check=False),
+    err = refused(run_here(train(data, "--out_dir=ft", "--init_from=pk.pt"), tmp_path, check=False),
                   "pk.pt: refused, because loading it would run code (it asks to call fractions.Fraction)")
     assert err == f"error: {checkpoint_error('pk.pt', e.value)}"
     # fine-tuning on data with another vocabulary: which weights differ, and why
     open(tmp_path / "o" / "ckpt.pt", "wb").write(good)
-    p = run(train(data, "--out_dir=ft", "--init_from=o/ckpt.pt", "--dataset=wide"), tmp_path, check=False)
+    p = run_here(train(data, "--out_dir=ft", "--init_from=o/ckpt.pt", "--dataset=wide"), tmp_path, check=False)
     refused(p, "transformer.wte.weight is (20, 32) there, (30, 32) here", "vocab_size is 20", "wide's 30")
     assert not (tmp_path / "ft").exists()
     # an intact checkpoint still resumes, and evaluates with --eval_only, which says where eval.json went
-    run(resume, tmp_path)
-    p = run(train(data, "--out_dir=o", "--init_from=resume", "--eval_only=True"), tmp_path)
+    run_here(resume, tmp_path)
+    p = run_here(train(data, "--out_dir=o", "--init_from=resume", "--eval_only=True"), tmp_path)
     assert f"wrote {os.path.join('o', 'eval.json')}" in p.stdout and (tmp_path / "o" / "eval.json").is_file()
 
 
 # -----------------------------------------------------------------------------
 # 4. read-only and full disks (a mocked OSError at the write call)
 
-FAULTS = r'''
-import builtins, errno, os, runpy, sys, torch
-code, where, needle = int(sys.argv[1]), sys.argv[2], os.path.abspath(sys.argv[3])
-sys.argv = sys.argv[4:]
-def hit(path):
-    return isinstance(path, (str, bytes, os.PathLike)) and os.path.abspath(os.fsdecode(path)).startswith(needle)
-def fail(path):
-    raise OSError(code, os.strerror(code), os.fsdecode(path))
-def guard(fn, is_write=lambda *a, **k: True):
-    def wrapped(path, *a, **k):
-        if hit(path) and is_write(*a, **k):
-            fail(path)
-        return fn(path, *a, **k)
-    return wrapped
-if where == "save":  # the write of a checkpoint: a full disk, after part of the file was written
-    def save(obj, f, *a, **k):
-        with open(f, "wb") as part:
-            part.write(b"PK\x03\x04" + bytes(4000))
-        if code == 0:  # what torch.save itself raises on a full disk
-            raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 4480 vs 4374")
-        fail(f)
-    torch.save = save
-else:  # the whole folder is read-only
-    os.open = guard(os.open, lambda flags, *a, **k: flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
-    builtins.open = guard(builtins.open, lambda mode="r", *a, **k: any(c in mode for c in "wax+"))
-    for name in ("mkdir", "remove", "unlink", "rmdir"):
-        setattr(os, name, guard(getattr(os, name)))
-    os.replace = guard(os.replace)
-    os.rename = guard(os.rename)
-    torch.save = lambda obj, f, *a, **k: fail(f)
-runpy.run_path(sys.argv[0], run_name="__main__")
-'''
+def test_read_only_and_full_disks_get_one_line_and_keep_the_old_files(data, tmp_path, monkeypatch, readonly):
+    def read_only(folder):  # every write under folder fails (conftest's readonly), torch.save's too
+        def save(obj, f, *a, **k):  # (its zip writer opens the file in C++, past the patched open)
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(f))
+        readonly(tmp_path / folder)
+        monkeypatch.setattr(torch, "save", save)
 
+    def full_disk(code):  # the write of a checkpoint fails after part of the file was written
+        def save(obj, f, *a, **k):
+            with open(f, "wb") as part:
+                part.write(b"PK\x03\x04" + bytes(4000))
+            if code == 0:  # what torch.save itself raises on a full disk
+                raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 4480 vs 4374")
+            raise OSError(code, os.strerror(code), os.fsdecode(f))
+        monkeypatch.setattr(torch, "save", save)
 
-def test_read_only_and_full_disks_get_one_line_and_keep_the_old_files(data, tmp_path):
-    faults = tmp_path / "faults.py"
-    faults.write_text(FAULTS)
+    def under(fault, args):  # train.py's __main__, its handler of OSError included, under the fault
+        fault()
+        try:
+            return run_here(args, tmp_path, check=False)
+        finally:
+            monkeypatch.undo()
 
-    def under(code, where, folder, args):
-        return run([str(faults), str(code), where, str(tmp_path / folder)] + args, tmp_path, check=False)
-
-    run(train(data, "--out_dir=o", "--max_iters=2", "--eval_interval=2"), tmp_path)
+    run_here(train(data, "--out_dir=o", "--max_iters=2", "--eval_interval=2"), tmp_path)
     files = lambda: {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir()}  # noqa: E731
     old = files()
     for args in (["--overwrite=True"], ["--init_from=resume", "--max_iters=4"],
                  ["--init_from=resume", "--eval_only=True"]):  # a read-only out_dir: scratch, resume, eval_only
-        p = under(errno.EROFS, "ro", "o", train(data, "--out_dir=o", "--max_iters=2", "--eval_interval=2") + args)
+        p = under(lambda: read_only("o"), train(data, "--out_dir=o", "--max_iters=2", "--eval_interval=2") + args)
         err = refused(p, "Read-only file system", "o")
         assert "wait for it to end" not in err, err  # nothing to wait for
         assert files() == old, args
     # a new out_dir under a read-only folder
     os.makedirs(tmp_path / "ro")
-    refused(under(errno.EROFS, "ro", "ro", train(data, "--out_dir=ro/o", "--max_iters=2")), "Read-only file system")
+    refused(under(lambda: read_only("ro"), train(data, "--out_dir=ro/o", "--max_iters=2")), "Read-only file system")
     # a full disk at the checkpoint's write: resume (the checkpoint before stays) and scratch
-    p = under(errno.ENOSPC, "save", "o", train(data, "--out_dir=o", "--init_from=resume", "--max_iters=4",
-                                               "--eval_interval=2"))
+    p = under(lambda: full_disk(errno.ENOSPC), train(data, "--out_dir=o", "--init_from=resume", "--max_iters=4",
+                                                     "--eval_interval=2"))
     refused(p, "could not write", "ckpt.pt", "No space left on device", "intact", "--init_from=resume")
     assert files()["ckpt.pt"] == old["ckpt.pt"] and "ckpt.pt.tmp" not in files()  # the part written is gone
-    p = under(0, "save", "n", train(data, "--out_dir=n", "--max_iters=2", "--eval_interval=2"))
+    p = under(lambda: full_disk(0), train(data, "--out_dir=n", "--max_iters=2", "--eval_interval=2"))
     err = refused(p, "could not write", "unexpected pos", "this run saved no checkpoint", "start it again")
     assert "intact" not in err and "--init_from=resume" not in err, err  # there is nothing to resume
     assert sorted(os.listdir(tmp_path / "n")) == ["metrics.jsonl"]
@@ -341,12 +330,13 @@ def test_read_only_and_full_disks_get_one_line_and_keep_the_old_files(data, tmp_
 
 def test_config_files_devices_and_kernels_refused_in_one_line(data, tmp_path):
     (tmp_path / "syntax.py").write_text("batch_size = 8\nn_layer = (3\n")
-    refused(run([TRAIN, "syntax.py"], tmp_path, check=False), "config file syntax.py, line 2")
+    refused(run_here([TRAIN, "syntax.py"], tmp_path, check=False), "config file syntax.py, line 2")
     (tmp_path / "raises.py").write_text("batch_size = 8\n\nn_layer = 1 // 0\n")
-    refused(run([TRAIN, "raises.py"], tmp_path, check=False), "config file raises.py, line 3",
+    refused(run_here([TRAIN, "raises.py"], tmp_path, check=False), "config file raises.py, line 3",
             "ZeroDivisionError: integer division or modulo by zero")
-    p = run(train(data, "--out_dir=o", "--device=tpu"), tmp_path, check=False)
+    p = run_here(train(data, "--out_dir=o", "--device=tpu"), tmp_path, check=False)
     refused(p, "device must be auto, cpu, cuda or cuda:N (got device='tpu')")
+    # a new process, started without TRITON_INTERPRET (this one may have it)
     p = run(train(data, "--out_dir=o", "--attn_impl=triton", "--pos_emb=pope"), tmp_path, check=False)
     refused(p, "attn_impl='triton' cannot run here", "TRITON_INTERPRET=1", "--attn_impl=torch")
     assert not (tmp_path / "o").exists()
@@ -359,16 +349,16 @@ def test_a_log_without_a_checkpoint_is_not_a_run_to_protect(data, tmp_path):
     os.makedirs(tmp_path / "o")
     (tmp_path / "o" / "metrics.jsonl").write_text('{"iter": 0, "loss": 9.0}\n')
     args = train(data, "--out_dir=o", "--max_iters=2", "--eval_interval=2")
-    p = run(args + ["--init_from=resume"], tmp_path, check=False)
+    p = run_here(args + ["--init_from=resume"], tmp_path, check=False)
     err = refused(p, "o/ckpt.pt not found", "nothing to resume", "start it anew: python train.py")
     fresh = shlex.split(err.split("start it anew: ")[1])
     assert fresh[:2] == ["python", "train.py"] and "--init_from=resume" not in fresh
-    p = run([TRAIN] + fresh[2:], tmp_path)  # the command it gives works
+    p = run_here([TRAIN] + fresh[2:], tmp_path)  # the command it gives works
     assert "this run's log replaces it" in p.stdout
     assert sorted(losses(tmp_path / "o")) == [0, 1] and 9.0 not in losses(tmp_path / "o").values()
     # a checkpoint, alone: "already exists", one file
     os.remove(tmp_path / "o" / "metrics.jsonl")
-    refused(run(args, tmp_path, check=False), "o/ckpt.pt already exists:", "replaces it")
+    refused(run_here(args, tmp_path, check=False), "o/ckpt.pt already exists:", "replaces it")
 
 
 # -----------------------------------------------------------------------------
