@@ -1,9 +1,10 @@
 """Tests for eval_extrapolation.py and the fine-tuning config (CPU, tiny models).
 
 Run: python -m pytest tests/test_extrapolation.py -q
-Tiny PoPE / RoPE checkpoints are trained by train.py in a subprocess on a
-character-level Tiny Shakespeare slice (block_size 32); the rest builds models
-in the test. The whole file runs in well under two minutes on 2 CPU cores."""
+Tiny PoPE / RoPE checkpoints are trained by train.py, run in this process
+(helpers.run_here), on a character-level Tiny Shakespeare slice (block_size 32);
+the rest builds models in the test. The whole file runs in well under two minutes
+on 2 CPU cores."""
 
 import errno
 import fractions
@@ -11,7 +12,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import types
 from contextlib import nullcontext
@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 
 import eval_extrapolation as ex  # noqa: E402
 import train  # noqa: E402
-from helpers import script_error, script_help  # noqa: E402
+from helpers import run_here, script_error, script_help  # noqa: E402
 from model import GPT, GPTConfig, load_checkpoint, yarn_inv_freq  # noqa: E402
 from prepare.common import Data, PrepareError, codec, read_tokens  # noqa: E402
 
@@ -44,11 +44,7 @@ def one_thread():
 
 
 def run_train(args, cwd):
-    env_vars = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=cwd, env=env_vars,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    return r.stdout
+    return run_here([os.path.join(ROOT, "train.py"), *args], cwd).stdout
 
 
 @pytest.fixture(scope="module")
