@@ -5,13 +5,11 @@ captured only on a GPU: `python bench.py check` compares it with these eager
 steps token for token."""
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import rel_err
+from helpers import rel_err, run_here
 
 import model as model_lib
 from model import GPT, GPTConfig, KVCache, pope_cartesian, pope_delta, sample_next
@@ -224,11 +222,8 @@ def test_sample_py_crops_a_long_prompt_and_prints_its_timings(tmp_path):
     args = {k: getattr(m.config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "pos_emb")}
     torch.save({"model": m.state_dict(), "model_args": args, "config": {},
                 "meta": {"vocab_size": 20, "itos": [chr(97 + i) for i in range(20)]}}, tmp_path / "ckpt.pt")
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, os.path.join(ROOT, "sample.py"), "--ckpt=ckpt.pt", "--num_samples=2", "--temperature=0"]
-    p = subprocess.run(cmd + ["--start=abcdefghijklmnopqrst", "--context=12", "--max_new_tokens=3"], cwd=tmp_path,
-                       capture_output=True, text=True, env=env, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
+    cmd = [os.path.join(ROOT, "sample.py"), "--ckpt=ckpt.pt", "--num_samples=2", "--temperature=0"]
+    p = run_here(cmd + ["--start=abcdefghijklmnopqrst", "--context=12", "--max_new_tokens=3"], tmp_path)
     assert "warning: the prompt has 20 tokens, more than the context of 12: keeping its last 12" in p.stderr
     assert "note: prompt + max_new_tokens = 15 > context 12" in p.stderr
     samples = [s.strip() for s in p.stdout.split("---------------") if s.strip()]
@@ -236,7 +231,7 @@ def test_sample_py_crops_a_long_prompt_and_prints_its_timings(tmp_path):
     for what in ("decoding: eager, static KV cache of 12 positions (block_size 16), PoPE keys in Cartesian form",
                  "prefill: 2 x 12 tokens in", "time to first token", "decode: 2 x 2 tokens in", "tokens/s"):
         assert what in p.stderr, (what, p.stderr[-2000:])
-    p = subprocess.run(cmd + ["--decode=graph"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    p = run_here(cmd + ["--decode=graph"], tmp_path, check=False)
     assert p.returncode == 1 and p.stderr.strip().splitlines() == [
         "error: --decode=graph replays a CUDA graph and needs a CUDA device; use --decode=eager on cpu"], p.stderr
 
