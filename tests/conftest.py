@@ -1,5 +1,6 @@
 """Shared test setup: the repo root on sys.path, an offline tiktoken cache, and
-the real data samples, one CPU thread per process.
+the real data samples, one CPU thread per process, test_kernel.py's interpreter
+suite started early (on the second core).
 
 The gpt2 encoding comes from TIKTOKEN_CACHE_DIR; when it is unset, a writable
 copy of ../shared/tiktoken_cache (next to the repo) is used, as in CI. The real
@@ -38,6 +39,19 @@ if "TIKTOKEN_CACHE_DIR" not in os.environ:
         if not os.path.isdir(dst):
             shutil.copytree(src, dst)
         os.environ["TIKTOKEN_CACHE_DIR"] = dst
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m have deselected what they deselect
+def pytest_collection_modifyitems(session, config, items):
+    """test_kernel.py's interpreter suite, a process of about 50 s on one core, starts as
+    soon as the tests are collected, when test_interpreter_suite is among them, at the
+    lowest CPU priority: it takes the time the other tests leave a core idle (they run
+    one thread each), and test_interpreter_suite, moved to the end, waits for its result."""
+    suite = [item for item in items if item.name == "test_interpreter_suite"]
+    for item in suite:
+        items.remove(item)
+        items.append(item)
+        item.module.start_interpreter_suite()
 
 
 @pytest.fixture(scope="session")
