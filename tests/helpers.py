@@ -1,8 +1,19 @@
 """Helpers the test files share (pytest puts tests/ on sys.path)."""
 import contextlib
 import io
+import os
+import random
+import runpy
+import subprocess
+import sys
+import traceback
+import warnings
 
+import numpy as np
 import pytest
+import torch
+
+from prepare import common  # (conftest.py put the repo root on sys.path)
 
 
 def rel_err(a, b):
@@ -44,18 +55,6 @@ def run_here(argv, cwd, check=True):
     out_dir locks the run took are released, and the RNG states the run set are put back. For
     what a script prints and leaves on disk; what only a process shows (a lock held by a live
     run, kill -9, atexit, torchrun) needs subprocess. check: the run must end with status 0."""
-    import os
-    import random
-    import runpy
-    import subprocess
-    import sys
-    import traceback
-    import warnings
-
-    import numpy as np
-    import torch
-    from prepare import common
-
     out, err = io.StringIO(), io.StringIO()
     held, rng = set(common._LOCKS), (random.getstate(), np.random.get_state(), torch.get_rng_state())
     old_argv, old_cwd = sys.argv, os.getcwd()
