@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 import pope_kernel as pk
 import model as model_lib
-from model import GPT, GPTConfig, apply_rope, pope_attention_torch, pope_delta, pope_frequencies
+from model import GPT, GPTConfig, apply_rope, pope_attention_torch, pope_delta, pope_frequencies, rope_cos_sin
 
 
 def kernel_attention(q, k, v, delta, **kw):  # what model.py runs on CUDA
@@ -154,8 +154,12 @@ def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
     for B, H, T, D in shapes:
         q, k, v, delta, do = inputs(B, H, T, T, D, dtype, seed=T)
         q2, k2, v2, _, do2 = inputs(B, H, T, T, 2 * D, dtype, seed=T + 1)
-        # RoPE as model.py runs it: apply_rope makes its angles on every call
         inv, pos = model_lib.yarn_inv_freq(D, 10000.0, 1.0, T)[0].cuda(), torch.arange(T, device="cuda")
+
+        def rope_sdpa(q, k, v):  # RoPE as model.py runs it in training: cos and sin made, then q and k turned
+            rot = rope_cos_sin(inv, pos)
+            return F.scaled_dot_product_attention(apply_rope(q, *rot), apply_rope(k, *rot), v, is_causal=True)
+
         ref = grads(torch_attention, q, k, v, delta, do, torch.float32)
         got = grads(kernel_attention, q, k, v, delta, do)
         print(f"{'  kernel vs fp32 path':26s} {f'{B},{H},{T},{D}':14s} rel err out/dq/dk/dv/ddelta "
@@ -165,8 +169,7 @@ def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
         paths = {  # name: (fn, depth of the score dot, depth of PV, dO)
             "pope kernel": (lambda: kernel_attention(q, k, v, delta), 2 * D, D, do),
             "pope torch (cart.+SDPA)": (lambda: torch_attention(q, k, v, delta), 2 * D, D, do),
-            f"rope+SDPA d={D}": (lambda: F.scaled_dot_product_attention(
-                apply_rope(q, inv, pos), apply_rope(k, inv, pos), v, is_causal=True), D, D, do),
+            f"rope+SDPA d={D}": (lambda: rope_sdpa(q, k, v), D, D, do),
             f"SDPA d={2 * D}": (lambda: F.scaled_dot_product_attention(q2, k2, v2, is_causal=True), 2 * D, 2 * D, do2),
         }
         for name, (f, dqk, dv_, g) in paths.items():

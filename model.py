@@ -69,23 +69,20 @@ class GPTConfig:
 
 
 # -----------------------------------------------------------------------------
-# PoPE (Gopalakrishnan et al., arXiv 2509.10534). Per head of dim D, on the raw
-# q/k projections:
+# PoPE (Gopalakrishnan et al., arXiv 2509.10534). Per head of dim D, on the raw q/k projections:
 #     mu_q = softplus(q), mu_k = softplus(k)                     "what": content only
 #     theta_c = base^(-c/D), c = 0..D-1                          D frequencies (RoPE: D/2)
 #     phi_q(t) = t*theta_c,  phi_k(s) = s*theta_c + delta_c      "where": position only
 #     a_ts = (1/sqrt(D)) sum_c mu_q[t,c] mu_k[s,c] cos((s-t)*theta_c + delta_c)
-# delta is a learned (H, D) phase bias per layer, kept in [-2pi, 0]. The score
-# is the real dot product of the 2D-long vectors [mu cos(phi), mu sin(phi)], so
-# the PyTorch path builds those (pope_cartesian) and calls SDPA. Values, softmax
-# and the causal mask are unchanged.
+# delta is a learned (H, D) phase bias per layer, kept in [-2pi, 0]. The score is the real dot product
+# of the 2D-long vectors [mu cos(phi), mu sin(phi)], so the PyTorch path builds those (pope_cos_sin,
+# then pope_cartesian) and calls SDPA. Values, softmax and the causal mask are unchanged.
 #
-# The fused kernel (pope_kernel.py) takes theta from pope_frequencies and delta
-# from pope_delta; its @triton.jit helpers _softplus, _cos_sin, _cartesian_tile
-# and _cartesian_grad (the backward) are its copy of pope_magnitude and
-# pope_cartesian. To try a variant: edit this section, run with --attn_impl=torch
-# (the PyTorch path, on any device), then port the change to those helpers;
-# tests/test_kernel.py fails while the two differ.
+# The fused kernel (pope_kernel.py) takes theta from pope_frequencies and delta from pope_delta;
+# its @triton.jit helpers _softplus, _cos_sin, _cartesian_tile and _cartesian_grad (the backward)
+# are its copy of pope_magnitude, pope_cos_sin and pope_cartesian. To try a variant: edit this
+# section, run with --attn_impl=torch (the PyTorch path, on any device), then port the change to
+# those helpers; tests/test_kernel.py fails while the two differ.
 
 def pope_magnitude(x):
     """mu = softplus(x): every path's magnitudes (the kernel's copy: _softplus)."""
@@ -110,30 +107,32 @@ def pope_delta(delta, bound="wrap"):
     return torch.clamp(delta, -TWO_PI, 0.0)
 
 
-def pope_cartesian(x, positions, delta=None, base=10000.0):
-    """[mu cos(phi), mu sin(phi)], shape (B, H, T, 2D), computed in float32 (float64
-    for float64 input). x: (B, H, T, D) raw projection; positions: (T,); delta: (H, D)
-    for keys, None for queries. The model's PyTorch path, cached or not, uses this."""
-    D = x.size(-1)
-    cdtype = torch.promote_types(x.dtype, torch.float32)
-    theta = pope_frequencies(D, base, x.device, cdtype)
-    phase = positions.to(cdtype)[:, None] * theta[None, :]  # (T, D)
+def pope_cos_sin(positions, theta, delta=None):
+    """cos(phi) and sin(phi) stacked, in theta's dtype: (T, 2, D) for queries, phi = t*theta; for keys,
+    phi = s*theta + delta: (H, T, 2, D) for delta (H, D), (L, H, T, 2, D) for L layers' (KVCache)."""
+    phase = positions.to(theta.dtype)[:, None] * theta  # (T, D)
     if delta is not None:
-        phase = phase + delta.to(cdtype)[:, None, :]  # (H, T, D)
-    mu = pope_magnitude(x.to(cdtype))
-    return torch.cat([mu * torch.cos(phase), mu * torch.sin(phase)], dim=-1)
+        phase = phase + delta.to(theta.dtype)[..., None, :]
+    return torch.stack([torch.cos(phase), torch.sin(phase)], dim=-2)
+
+
+def pope_cartesian(x, cos_sin):
+    """[mu cos(phi), mu sin(phi)] of x (B, H, T, D), the raw projection: (B, H, T, 2D) in
+    cos_sin's dtype (float32; float64 for float64 input). The model's PyTorch path, cached or not."""
+    mu = pope_magnitude(x.to(cos_sin.dtype))
+    return (mu.unsqueeze(-2) * cos_sin).flatten(-2)
 
 
 def pope_attention_torch(q, k, v, delta, *, causal=True, base=10000.0, q_offset=0):
-    """The model's PyTorch path (pope_cartesian, then SDPA) with pope_kernel.pope_attention's
-    contract at its default scale: tests and bench.py hold the kernel to it. q (B, H, Tq, D);
-    k, v (B, H, Tk, D); delta (H, D), used as given (bound it with pope_delta first). Query
-    row i sits at position q_offset + i, key row j at j (SDPA's is_causal aligns top-left:
-    offsets get a mask). q and k go to v's dtype, so that SDPA runs its fused bf16 kernels."""
+    """The model's PyTorch path (pope_cos_sin, pope_cartesian, then SDPA) with pope_kernel.pope_attention's
+    contract at its default scale: tests and bench.py hold the kernel to it. q (B, H, Tq, D); k, v (B, H, Tk, D);
+    delta (H, D), used as given (bound it with pope_delta first). Query row i sits at position q_offset + i, key
+    row j at j (SDPA's is_causal aligns top-left: offsets get a mask); q and k go to v's dtype (SDPA's bf16 kernels)."""
     qpos = torch.arange(q_offset, q_offset + q.size(2), device=q.device)
     kpos = torch.arange(k.size(2), device=q.device)
-    qc = pope_cartesian(q, qpos, None, base).to(v.dtype)
-    kc = pope_cartesian(k, kpos, delta, base).to(v.dtype)
+    theta = pope_frequencies(q.size(-1), base, q.device, torch.promote_types(q.dtype, torch.float32))
+    qc = pope_cartesian(q, pope_cos_sin(qpos, theta)).to(v.dtype)
+    kc = pope_cartesian(k, pope_cos_sin(kpos, theta, delta)).to(v.dtype)
     mask = kpos[None, :] <= qpos[:, None] if causal and (q_offset or q.size(2) != k.size(2)) else None
     return F.scaled_dot_product_attention(qc, kc, v, attn_mask=mask, is_causal=causal and mask is None,
                                           scale=1.0 / math.sqrt(q.size(-1)))
@@ -164,12 +163,18 @@ def yarn_inv_freq(head_dim, base, scale, orig_len, beta_fast=32.0, beta_slow=1.0
     return theta.float(), 0.1 * math.log(scale) + 1.0
 
 
-def apply_rope(x, inv_freq, positions):
-    """Rotate (B, H, T, D) to the positions (T,); pairs are (x[:D/2], x[D/2:])."""
-    ang = positions.float()[:, None] * inv_freq.to(x.device)[None, :]  # (T, D/2)
-    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+def rope_cos_sin(inv_freq, positions):
+    """apply_rope's cos and sin for the positions (T,): cos and [-sin, sin] of the angles, (T, D)
+    each; or (L, T, D) for the inv_freq (L, D/2) of L layers at once (KVCache)."""
+    ang = positions.float()[:, None] * inv_freq[..., None, :]  # (..., T, D/2)
+    cos, sin = ang.cos(), ang.sin()
+    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate (B, H, T, D) by rope_cos_sin's cos and sin: x[i] + 1j x[i + D/2] times e^(1j angle_i)."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return x * cos.to(x.dtype) + torch.cat([x2, x1], dim=-1) * sin.to(x.dtype)
 
 
 # -----------------------------------------------------------------------------
@@ -267,10 +272,12 @@ class CausalSelfAttention(nn.Module):
         else:  # one SDPA call; with a cache, over all its slots, those past each query masked
             pos = torch.arange(T, device=x.device) if cache is None else cache.positions
             if delta is not None:  # pope_attention_torch's Cartesian q and k; the cache keeps the keys' form
-                q = pope_cartesian(q, pos, None, self.pope_base).to(v.dtype)
-                k = pope_cartesian(k, pos, delta, self.pope_base).to(v.dtype)
+                theta = pope_frequencies(self.head_dim, self.pope_base, x.device, torch.promote_types(q.dtype, torch.float32))
+                q = pope_cartesian(q, pope_cos_sin(pos, theta)).to(v.dtype)
+                k = pope_cartesian(k, pope_cos_sin(pos, theta, delta)).to(v.dtype)
             elif self.pos_emb == "rope":
-                q, k = apply_rope(q, self.inv_freq, pos), apply_rope(k, self.inv_freq, pos)
+                rot = rope_cos_sin(self.inv_freq, pos)
+                q, k = apply_rope(q, *rot), apply_rope(k, *rot)
             if cache is not None:
                 k, v = cache.update(self.layer_idx, k, v)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if cache is None else cache.mask,

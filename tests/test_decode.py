@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from helpers import rel_err
 
 import model as model_lib
-from model import GPT, GPTConfig, KVCache, pope_cartesian, pope_delta, sample_next
+from model import GPT, GPTConfig, KVCache, pope_cartesian, pope_cos_sin, pope_delta, pope_frequencies, sample_next
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,7 +78,8 @@ def test_cached_decoding_equals_the_uncached_forward(pos_emb):
         with torch.no_grad():
             k = attn.c_attn(model.transformer.h[0].ln_1(model.transformer.wte(idx))).split(32, dim=2)[1]
             k = k.view(2, 5, 2, 16).transpose(1, 2)
-            want = pope_cartesian(k, torch.arange(5), pope_delta(attn.delta, attn.delta_bound))
+            theta = pope_frequencies(16, dtype=torch.float64)
+            want = pope_cartesian(k, pope_cos_sin(torch.arange(5), theta, pope_delta(attn.delta, attn.delta_bound)))
         assert cache.k[0].shape == (2, 2, 16, 32) and rel_err(cache.k[0][:, :, :5], want) < 1e-14, f"seed {seed}"
 
 
