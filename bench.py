@@ -8,10 +8,10 @@ Usage:
                                # 20 train.py steps as a CUDA graph give the eager steps' losses
     python bench.py train      # 124M training step, PoPE (kernel / PyTorch path) vs RoPE, compiled
     python bench.py sample     # decoding tok/s, 124M, PoPE vs RoPE, batch 1 and 8, context 1k and 8k:
-                               # eager, CUDA graph, graph with SDPA's memory-efficient kernel, compiled + graph
+                               # eager, CUDA graph, compiled + graph
     python bench.py sample_cli # what a user sees: fresh `python sample.py` processes, default vs --compile
     python bench.py aot        # no GPU needed: compile every kernel config for sm_90; registers, spills, shared memory
-    options: --json PATH (sample, sample_cli: the rows as JSON), --modes eager,graph,efficient,compile (sample)
+    options: --json PATH (sample, sample_cli: the rows as JSON), --modes eager,graph,compile (sample)
 
 Every table is printed with the GPU, torch and triton versions; RESULTS.md
 quotes them with their command and date. Timings are medians of
@@ -317,21 +317,18 @@ def train_graph_check(steps=20, device="cuda", graphed=("--cuda_graph=True",), p
     return ok
 
 
-def sample_bench(modes=("eager", "graph", "efficient", "compile"), json_path=None):
+def sample_bench(modes=("eager", "graph", "compile"), json_path=None):
     """Decoding speed of the 124M model (random weights), bf16 autocast, B = 1
     and 8, PoPE and RoPE, at context 1024 and 8192 (block_size = context): the
     prompt fills the context but for the new tokens, so steps run at its end.
     tok/s are new tokens of all rows per second in steady state: the decode
-    time of generate(times=...), prefill and capture/compilation excluded.
-    'efficient' is the graph with SDPA's memory-efficient kernel for the steps
-    instead of model.decode_sdpa's math backend."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    time of generate(times=...), prefill and capture/compilation excluded."""
     header("decoding, 124M, random weights, bf16 autocast, steady-state tok/s (all rows)")
-    n_new = {"eager": 24, "graph": 128, "efficient": 128, "compile": 128}
+    n_new = {"eager": 24, "graph": 128, "compile": 128}
     cols = " | ".join(f"{m} tok/s" for m in modes)
     print(f"| model | context | B | prefill ms | {cols} | capture s (graph / compile) | cache bytes/token |")
     print("|---|---:|---:|---:|" + "---:|" * len(modes) + "---:|---:|", flush=True)
-    rows, t_start, real_sdpa = [], time.perf_counter(), model_lib.decode_sdpa
+    rows, t_start = [], time.perf_counter()
     for pos_emb in ("pope", "rope"):
         for T in (1024, 8192):
             model = random_gpt(pos_emb, T, std=0.02)
@@ -343,14 +340,8 @@ def sample_bench(modes=("eager", "graph", "efficient", "compile"), json_path=Non
                     n = n_new[mode]
                     prompt = torch.randint(0, 50257, (B, T - n), device="cuda")
                     times = {}
-                    if mode == "efficient":
-                        model_lib.decode_sdpa = lambda: sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION])
-                    try:
-                        with torch.autocast("cuda", torch.bfloat16):
-                            model.generate(prompt, n, temperature=1.0, top_k=200, vocab_size=50257,
-                                           mode="graph" if mode == "efficient" else mode, times=times)
-                    finally:
-                        model_lib.decode_sdpa = real_sdpa
+                    with torch.autocast("cuda", torch.bfloat16):
+                        model.generate(prompt, n, temperature=1.0, top_k=200, vocab_size=50257, mode=mode, times=times)
                     row[f"{mode}_tok_s"] = B * (n - 1) / times["decode"]
                     row[f"{mode}_capture_s"] = times["capture"]
                     row["prefill_ms"] = times["prefill"] * 1e3
@@ -500,12 +491,12 @@ if __name__ == "__main__":
     ap.add_argument("what", nargs="+", choices=["kernel", "check", "train", "sample", "sample_cli", "aot"],
                     help="one or more benchmarks, run in the order given")
     ap.add_argument("--json", default=None, help="sample, sample_cli: also write the rows to this JSON file")
-    ap.add_argument("--modes", default="eager,graph,efficient,compile",
+    ap.add_argument("--modes", default="eager,graph,compile",
                     help="sample: decoding modes to measure, comma-separated (compile takes ~15 s per row)")
     a = ap.parse_args()
     modes = tuple(a.modes.split(","))
-    if not set(modes) <= {"eager", "graph", "efficient", "compile"} or not modes:
-        ap.error(f"--modes takes eager, graph, efficient and compile, got {a.modes!r}")
+    if not set(modes) <= {"eager", "graph", "compile"} or not modes:
+        ap.error(f"--modes takes eager, graph and compile, got {a.modes!r}")
     for what in a.what:
         if what == "aot":
             aot()

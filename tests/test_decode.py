@@ -248,7 +248,8 @@ def test_the_model_attention_equals_the_loop_reference():
     delta_c) / sqrt(D) computed one (t, s) at a time."""
     seed = torch.seed() % 2**31
     torch.manual_seed(seed)
-    attn = tiny("pope", n_layer=1).transformer.h[0].attn
+    model = tiny("pope", n_layer=1)
+    attn = model.transformer.h[0].attn
     B, T, H, D = 2, 7, 2, 16
     x = torch.randn(B, T, 32, dtype=torch.float64)
     q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in attn.c_attn(x).split(32, dim=2))
@@ -264,6 +265,6 @@ def test_the_model_attention_equals_the_loop_reference():
     want = attn.c_proj(ref.transpose(1, 2).reshape(B, T, 32))
     with torch.no_grad():
         assert rel_err(attn(x), want) < 1e-12, f"seed {seed}"
-        cache = KVCache(tiny("pope", n_layer=1), B, 10, torch.float64)
+        cache = KVCache(model, B, 10, torch.float64)
         cache.start(T)
         assert rel_err(attn(x, cache), want) < 1e-12, f"seed {seed}"
