@@ -168,6 +168,27 @@ def test_prompt_longer_than_the_context_and_graphs_on_the_cpu_are_errors():
             model.generate(torch.zeros(1, 3, dtype=torch.long), 2, mode=mode)
 
 
+@pytest.mark.parametrize("pos_emb", ["pope", "rope"])
+def test_a_step_turns_every_layer_with_one_set_of_cos_and_sin(pos_emb):
+    """What a one-token step needs of its position alone is made once for all layers
+    (KVCache.start), and PoPE's theta and bounded delta once per cache: a 3-layer model's
+    step runs as many cos and sin as a 1-layer model's, and no logspace or ceil (theta
+    from float64, the wrapped delta). On a GPU each such op is a kernel of the graph."""
+    from torch.profiler import ProfilerActivity, profile
+    counts = []
+    for n_layer in (1, 3):
+        model = tiny(pos_emb, n_layer=n_layer)
+        cache = KVCache(model, 2, 16, torch.float64)
+        with torch.no_grad():
+            model(torch.zeros(2, 4, dtype=torch.long), cache=cache)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                model(torch.zeros(2, 1, dtype=torch.long), cache=cache)
+        names = [e.name for e in prof.events()]
+        counts.append({op: names.count(op) for op in ("aten::cos", "aten::sin", "aten::logspace", "aten::ceil")})
+    assert counts[0] == counts[1] and counts[0]["aten::cos"] >= 1, counts
+    assert counts[0]["aten::logspace"] == counts[0]["aten::ceil"] == 0, counts
+
+
 def test_cache_dtype_follows_autocast(monkeypatch):
     seen = []
     real = KVCache.__init__
