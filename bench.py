@@ -8,10 +8,10 @@ Usage:
                                # 20 train.py steps as a CUDA graph give the eager steps' losses
     python bench.py train      # 124M training step, PoPE (kernel / PyTorch path) vs RoPE, compiled
     python bench.py sample     # decoding tok/s, 124M, PoPE vs RoPE, batch 1 and 8, context 1k and 8k:
-                               # eager, CUDA graph, graph with SDPA's memory-efficient kernel, compiled + graph
+                               # eager, CUDA graph, compiled + graph
     python bench.py sample_cli # what a user sees: fresh `python sample.py` processes, default vs --compile
     python bench.py aot        # no GPU needed: compile every kernel config for sm_90; registers, spills, shared memory
-    options: --json PATH (sample, sample_cli: the rows as JSON), --modes eager,graph,efficient,compile (sample)
+    options: --json PATH (sample, sample_cli: the rows as JSON), --modes eager,graph,compile (sample)
 
 Every table is printed with the GPU, torch and triton versions; RESULTS.md
 quotes them with their command and date. Timings are medians of
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 import pope_kernel as pk
 import model as model_lib
-from model import GPT, GPTConfig, apply_rope, pope_attention_torch, pope_delta, pope_frequencies
+from model import GPT, GPTConfig, apply_rope, pope_attention_torch, pope_delta, pope_frequencies, rope_cos_sin
 
 
 def kernel_attention(q, k, v, delta, **kw):  # what model.py runs on CUDA
@@ -154,8 +154,12 @@ def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
     for B, H, T, D in shapes:
         q, k, v, delta, do = inputs(B, H, T, T, D, dtype, seed=T)
         q2, k2, v2, _, do2 = inputs(B, H, T, T, 2 * D, dtype, seed=T + 1)
-        # RoPE as model.py runs it: apply_rope makes its angles on every call
         inv, pos = model_lib.yarn_inv_freq(D, 10000.0, 1.0, T)[0].cuda(), torch.arange(T, device="cuda")
+
+        def rope_sdpa(q, k, v):  # RoPE as model.py runs it in training: cos and sin made, then q and k turned
+            rot = rope_cos_sin(inv, pos)
+            return F.scaled_dot_product_attention(apply_rope(q, *rot), apply_rope(k, *rot), v, is_causal=True)
+
         ref = grads(torch_attention, q, k, v, delta, do, torch.float32)
         got = grads(kernel_attention, q, k, v, delta, do)
         print(f"{'  kernel vs fp32 path':26s} {f'{B},{H},{T},{D}':14s} rel err out/dq/dk/dv/ddelta "
@@ -165,8 +169,7 @@ def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
         paths = {  # name: (fn, depth of the score dot, depth of PV, dO)
             "pope kernel": (lambda: kernel_attention(q, k, v, delta), 2 * D, D, do),
             "pope torch (cart.+SDPA)": (lambda: torch_attention(q, k, v, delta), 2 * D, D, do),
-            f"rope+SDPA d={D}": (lambda: F.scaled_dot_product_attention(
-                apply_rope(q, inv, pos), apply_rope(k, inv, pos), v, is_causal=True), D, D, do),
+            f"rope+SDPA d={D}": (lambda: rope_sdpa(q, k, v), D, D, do),
             f"SDPA d={2 * D}": (lambda: F.scaled_dot_product_attention(q2, k2, v2, is_causal=True), 2 * D, 2 * D, do2),
         }
         for name, (f, dqk, dv_, g) in paths.items():
@@ -314,21 +317,18 @@ def train_graph_check(steps=20, device="cuda", graphed=("--cuda_graph=True",), p
     return ok
 
 
-def sample_bench(modes=("eager", "graph", "efficient", "compile"), json_path=None):
+def sample_bench(modes=("eager", "graph", "compile"), json_path=None):
     """Decoding speed of the 124M model (random weights), bf16 autocast, B = 1
     and 8, PoPE and RoPE, at context 1024 and 8192 (block_size = context): the
     prompt fills the context but for the new tokens, so steps run at its end.
     tok/s are new tokens of all rows per second in steady state: the decode
-    time of generate(times=...), prefill and capture/compilation excluded.
-    'efficient' is the graph with SDPA's memory-efficient kernel for the steps
-    instead of model.decode_sdpa's math backend."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    time of generate(times=...), prefill and capture/compilation excluded."""
     header("decoding, 124M, random weights, bf16 autocast, steady-state tok/s (all rows)")
-    n_new = {"eager": 24, "graph": 128, "efficient": 128, "compile": 128}
+    n_new = {"eager": 24, "graph": 128, "compile": 128}
     cols = " | ".join(f"{m} tok/s" for m in modes)
     print(f"| model | context | B | prefill ms | {cols} | capture s (graph / compile) | cache bytes/token |")
     print("|---|---:|---:|---:|" + "---:|" * len(modes) + "---:|---:|", flush=True)
-    rows, t_start, real_sdpa = [], time.perf_counter(), model_lib.decode_sdpa
+    rows, t_start = [], time.perf_counter()
     for pos_emb in ("pope", "rope"):
         for T in (1024, 8192):
             model = random_gpt(pos_emb, T, std=0.02)
@@ -340,14 +340,8 @@ def sample_bench(modes=("eager", "graph", "efficient", "compile"), json_path=Non
                     n = n_new[mode]
                     prompt = torch.randint(0, 50257, (B, T - n), device="cuda")
                     times = {}
-                    if mode == "efficient":
-                        model_lib.decode_sdpa = lambda: sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION])
-                    try:
-                        with torch.autocast("cuda", torch.bfloat16):
-                            model.generate(prompt, n, temperature=1.0, top_k=200, vocab_size=50257,
-                                           mode="graph" if mode == "efficient" else mode, times=times)
-                    finally:
-                        model_lib.decode_sdpa = real_sdpa
+                    with torch.autocast("cuda", torch.bfloat16):
+                        model.generate(prompt, n, temperature=1.0, top_k=200, vocab_size=50257, mode=mode, times=times)
                     row[f"{mode}_tok_s"] = B * (n - 1) / times["decode"]
                     row[f"{mode}_capture_s"] = times["capture"]
                     row["prefill_ms"] = times["prefill"] * 1e3
@@ -497,12 +491,12 @@ if __name__ == "__main__":
     ap.add_argument("what", nargs="+", choices=["kernel", "check", "train", "sample", "sample_cli", "aot"],
                     help="one or more benchmarks, run in the order given")
     ap.add_argument("--json", default=None, help="sample, sample_cli: also write the rows to this JSON file")
-    ap.add_argument("--modes", default="eager,graph,efficient,compile",
+    ap.add_argument("--modes", default="eager,graph,compile",
                     help="sample: decoding modes to measure, comma-separated (compile takes ~15 s per row)")
     a = ap.parse_args()
     modes = tuple(a.modes.split(","))
-    if not set(modes) <= {"eager", "graph", "efficient", "compile"} or not modes:
-        ap.error(f"--modes takes eager, graph, efficient and compile, got {a.modes!r}")
+    if not set(modes) <= {"eager", "graph", "compile"} or not modes:
+        ap.error(f"--modes takes eager, graph and compile, got {a.modes!r}")
     for what in a.what:
         if what == "aot":
             aot()

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from model import apply_rope, load_checkpoint, pope_frequencies, yarn_inv_freq
+from model import apply_rope, load_checkpoint, pope_frequencies, rope_cos_sin, yarn_inv_freq
 from prepare.common import PrepareError, checkpoint_error, die, read_tokens, vocab_key, write_atomic, write_json
 
 
@@ -81,7 +81,8 @@ def channels(model):
     inv_freq = model.transformer.h[0].attn.inv_freq if cfg.pos_emb == "rope" else \
         yarn_inv_freq(D, cfg.rope_base, 1.0, 1)[0]  # NoPE: RoPE's frequencies, for the axis
     # each basis vector e_j, rotated by one position, turns in the plane of its pair by the pair's frequency
-    r = apply_rope(torch.eye(D, dtype=torch.float64).view(D, 1, 1, D), inv_freq.cpu().double(), torch.ones(1))[:, 0, 0]
+    one = rope_cos_sin(inv_freq.cpu().double(), torch.ones(1))  # the rotation to position 1
+    r = apply_rope(torch.eye(D, dtype=torch.float64).view(D, 1, 1, D), *one)[:, 0, 0]
     partner = (r.abs() * (1 - torch.eye(D, dtype=torch.float64))).argmax(1)
     if (r.abs() > 1e-12).sum(1).ne(2).any() or partner[partner].ne(torch.arange(D)).any():
         die("model.apply_rope does not rotate the head dims in pairs; this script measures pairs")

@@ -16,7 +16,6 @@ import os
 import time
 import warnings
 import zipfile
-from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
 import torch
@@ -69,23 +68,20 @@ class GPTConfig:
 
 
 # -----------------------------------------------------------------------------
-# PoPE (Gopalakrishnan et al., arXiv 2509.10534). Per head of dim D, on the raw
-# q/k projections:
+# PoPE (Gopalakrishnan et al., arXiv 2509.10534). Per head of dim D, on the raw q/k projections:
 #     mu_q = softplus(q), mu_k = softplus(k)                     "what": content only
 #     theta_c = base^(-c/D), c = 0..D-1                          D frequencies (RoPE: D/2)
 #     phi_q(t) = t*theta_c,  phi_k(s) = s*theta_c + delta_c      "where": position only
 #     a_ts = (1/sqrt(D)) sum_c mu_q[t,c] mu_k[s,c] cos((s-t)*theta_c + delta_c)
-# delta is a learned (H, D) phase bias per layer, kept in [-2pi, 0]. The score
-# is the real dot product of the 2D-long vectors [mu cos(phi), mu sin(phi)], so
-# the PyTorch path builds those (pope_cartesian) and calls SDPA. Values, softmax
-# and the causal mask are unchanged.
+# delta is a learned (H, D) phase bias per layer, kept in [-2pi, 0]. The score is the real dot product
+# of the 2D-long vectors [mu cos(phi), mu sin(phi)], so the PyTorch path builds those (pope_cos_sin,
+# then pope_cartesian) and calls SDPA. Values, softmax and the causal mask are unchanged.
 #
-# The fused kernel (pope_kernel.py) takes theta from pope_frequencies and delta
-# from pope_delta; its @triton.jit helpers _softplus, _cos_sin, _cartesian_tile
-# and _cartesian_grad (the backward) are its copy of pope_magnitude and
-# pope_cartesian. To try a variant: edit this section, run with --attn_impl=torch
-# (the PyTorch path, on any device), then port the change to those helpers;
-# tests/test_kernel.py fails while the two differ.
+# The fused kernel (pope_kernel.py) takes theta from pope_frequencies and delta from pope_delta;
+# its @triton.jit helpers _softplus, _cos_sin, _cartesian_tile and _cartesian_grad (the backward)
+# are its copy of pope_magnitude, pope_cos_sin and pope_cartesian. To try a variant: edit this
+# section, run with --attn_impl=torch (the PyTorch path, on any device), then port the change to
+# those helpers; tests/test_kernel.py fails while the two differ.
 
 def pope_magnitude(x):
     """mu = softplus(x): every path's magnitudes (the kernel's copy: _softplus)."""
@@ -110,30 +106,32 @@ def pope_delta(delta, bound="wrap"):
     return torch.clamp(delta, -TWO_PI, 0.0)
 
 
-def pope_cartesian(x, positions, delta=None, base=10000.0):
-    """[mu cos(phi), mu sin(phi)], shape (B, H, T, 2D), computed in float32 (float64
-    for float64 input). x: (B, H, T, D) raw projection; positions: (T,); delta: (H, D)
-    for keys, None for queries. The model's PyTorch path, cached or not, uses this."""
-    D = x.size(-1)
-    cdtype = torch.promote_types(x.dtype, torch.float32)
-    theta = pope_frequencies(D, base, x.device, cdtype)
-    phase = positions.to(cdtype)[:, None] * theta[None, :]  # (T, D)
+def pope_cos_sin(positions, theta, delta=None):
+    """cos(phi) and sin(phi) stacked, in theta's dtype: (T, 2, D) for queries, phi = t*theta; for keys,
+    phi = s*theta + delta: (H, T, 2, D) for delta (H, D), (L, H, T, 2, D) for L layers' (KVCache)."""
+    phase = positions.to(theta.dtype)[:, None] * theta  # (T, D)
     if delta is not None:
-        phase = phase + delta.to(cdtype)[:, None, :]  # (H, T, D)
-    mu = pope_magnitude(x.to(cdtype))
-    return torch.cat([mu * torch.cos(phase), mu * torch.sin(phase)], dim=-1)
+        phase = phase + delta.to(theta.dtype)[..., None, :]
+    return torch.stack([torch.cos(phase), torch.sin(phase)], dim=-2)
+
+
+def pope_cartesian(x, cos_sin):
+    """[mu cos(phi), mu sin(phi)] of x (B, H, T, D), the raw projection: (B, H, T, 2D) in
+    cos_sin's dtype (float32; float64 for float64 input). The model's PyTorch path, cached or not."""
+    mu = pope_magnitude(x.to(cos_sin.dtype))
+    return (mu.unsqueeze(-2) * cos_sin).flatten(-2)
 
 
 def pope_attention_torch(q, k, v, delta, *, causal=True, base=10000.0, q_offset=0):
-    """The model's PyTorch path (pope_cartesian, then SDPA) with pope_kernel.pope_attention's
-    contract at its default scale: tests and bench.py hold the kernel to it. q (B, H, Tq, D);
-    k, v (B, H, Tk, D); delta (H, D), used as given (bound it with pope_delta first). Query
-    row i sits at position q_offset + i, key row j at j (SDPA's is_causal aligns top-left:
-    offsets get a mask). q and k go to v's dtype, so that SDPA runs its fused bf16 kernels."""
+    """The model's PyTorch path (pope_cos_sin, pope_cartesian, then SDPA) with pope_kernel.pope_attention's
+    contract at its default scale: tests and bench.py hold the kernel to it. q (B, H, Tq, D); k, v (B, H, Tk, D);
+    delta (H, D), used as given (bound it with pope_delta first). Query row i sits at position q_offset + i, key
+    row j at j (SDPA's is_causal aligns top-left: offsets get a mask); q and k go to v's dtype (SDPA's bf16 kernels)."""
     qpos = torch.arange(q_offset, q_offset + q.size(2), device=q.device)
     kpos = torch.arange(k.size(2), device=q.device)
-    qc = pope_cartesian(q, qpos, None, base).to(v.dtype)
-    kc = pope_cartesian(k, kpos, delta, base).to(v.dtype)
+    theta = pope_frequencies(q.size(-1), base, q.device, torch.promote_types(q.dtype, torch.float32))
+    qc = pope_cartesian(q, pope_cos_sin(qpos, theta)).to(v.dtype)
+    kc = pope_cartesian(k, pope_cos_sin(kpos, theta, delta)).to(v.dtype)
     mask = kpos[None, :] <= qpos[:, None] if causal and (q_offset or q.size(2) != k.size(2)) else None
     return F.scaled_dot_product_attention(qc, kc, v, attn_mask=mask, is_causal=causal and mask is None,
                                           scale=1.0 / math.sqrt(q.size(-1)))
@@ -164,12 +162,18 @@ def yarn_inv_freq(head_dim, base, scale, orig_len, beta_fast=32.0, beta_slow=1.0
     return theta.float(), 0.1 * math.log(scale) + 1.0
 
 
-def apply_rope(x, inv_freq, positions):
-    """Rotate (B, H, T, D) to the positions (T,); pairs are (x[:D/2], x[D/2:])."""
-    ang = positions.float()[:, None] * inv_freq.to(x.device)[None, :]  # (T, D/2)
-    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+def rope_cos_sin(inv_freq, positions):
+    """apply_rope's cos and sin for the positions (T,): cos and [-sin, sin] of the angles, (T, D)
+    each; or (L, T, D) for the inv_freq (L, D/2) of L layers at once (KVCache)."""
+    ang = positions.float()[:, None] * inv_freq[..., None, :]  # (..., T, D/2)
+    cos, sin = ang.cos(), ang.sin()
+    return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate (B, H, T, D) by rope_cos_sin's cos and sin: x[i] + 1j x[i + D/2] times e^(1j angle_i)."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return x * cos.to(x.dtype) + torch.cat([x2, x1], dim=-1) * sin.to(x.dtype)
 
 
 # -----------------------------------------------------------------------------
@@ -200,30 +204,46 @@ def use_pope_kernel(attn_impl, q, k, v, delta):
 
 
 class KVCache:
-    """generate()'s static cache of `context` slots per layer. A forward of T tokens
-    writes its keys and values at positions pos..pos+T-1 and attends over every slot,
-    those past each query masked; pos, a tensor, advances in place, so a one-token
-    step can be replayed as a CUDA graph. Keys are kept ready to use: RoPE's rotated,
-    PoPE's Cartesian (pope_cartesian), 3 n_embd numbers per token and layer (RoPE 2)."""
+    """generate()'s static cache of `context` slots per layer. A forward of T tokens writes its
+    keys and values at positions pos..pos+T-1 and attends over every slot, those past each query
+    masked; pos, a tensor, advances in place, so a one-token step can be replayed as a CUDA graph.
+    Keys are kept ready to use: RoPE's rotated, PoPE's Cartesian, 3 n_embd numbers per token and
+    layer (RoPE 2). It reads the frequencies and bounded deltas once: keep the weights meanwhile."""
 
     def __init__(self, model, B, context, dtype):
-        cfg, device = model.config, model.lm_head.weight.device
+        cfg, device, attns = model.config, model.lm_head.weight.device, [b.attn for b in model.transformer.h]
         H, D = cfg.n_head, cfg.n_embd // cfg.n_head
         Dk = 2 * D if cfg.pos_emb == "pope" else D
         self.k = [torch.zeros(B, H, context, Dk, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
         self.v = [torch.zeros(B, H, context, D, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
         self.slots = torch.arange(context, device=device)
         self.pos = torch.zeros((), dtype=torch.long, device=device)
+        self.pos_emb, self.dtype = cfg.pos_emb, dtype
+        if cfg.pos_emb == "pope":  # in the dtype pope_cartesian computes in
+            self.theta = pope_frequencies(D, cfg.pope_base, device, torch.promote_types(dtype, torch.float32))
+            self.delta = torch.stack([pope_delta(a.delta, a.delta_bound) for a in attns]).to(self.theta.dtype)
+        if cfg.pos_emb == "rope":
+            self.inv_freq = torch.stack([a.inv_freq for a in attns])  # (L, D/2)
 
-    def start(self, T):  # GPT.forward's: the positions of its T tokens, the slots each sees
+    def start(self, T):  # GPT.forward's: the positions of its T tokens, the slots each sees, what turns q and k
         self.positions = self.pos + self.slots[:T]
-        self.mask = self.slots[None, :] <= self.positions[:, None]  # (T, context)
+        self.bias = torch.where(self.slots > self.positions[:, None], -math.inf, 0.0).to(self.dtype)  # (T, context)
+        if self.pos_emb == "pope":  # per layer: the queries' (T, 2, D) and the layer's keys' (H, T, 2, D)
+            rq = pope_cos_sin(self.positions, self.theta)
+            self.rotation = [(rq, rk) for rk in pope_cos_sin(self.positions, self.theta, self.delta)]
+        if self.pos_emb == "rope":  # per layer: the layer's cos and sin, (T, D) each
+            self.rotation = list(zip(*(r.to(self.dtype) for r in rope_cos_sin(self.inv_freq, self.positions))))
         self.pos += T
 
-    def update(self, layer, k, v):
-        self.k[layer].index_copy_(2, self.positions, k)
-        self.v[layer].index_copy_(2, self.positions, v)
-        return self.k[layer], self.v[layer]
+    def attend(self, layer, q, k, v, scale):  # writes k and v at these positions, attends over all slots
+        k = self.k[layer].index_copy_(2, self.positions, k)  # (index_copy_ returns the whole cache)
+        v = self.v[layer].index_copy_(2, self.positions, v)
+        if q.size(2) > 1:  # a prefill: SDPA picks a fused kernel that takes the mask
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias, scale=scale)
+        # one token: 4 kernels (SDPA's math backend, its only fast one here, runs ~10 and scales a copy of all keys);
+        # bias + scale q k^T in one matmul, the softmax in the cache's dtype (autocast's would be float32)
+        att = torch.baddbmm(self.bias, q.flatten(0, 1), k.flatten(0, 1).mT, alpha=scale)
+        return torch.bmm(att.softmax(-1, dtype=att.dtype), v.flatten(0, 1)).view(*q.shape[:3], -1)
 
 
 class CausalSelfAttention(nn.Module):
@@ -251,30 +271,27 @@ class CausalSelfAttention(nn.Module):
         self.register_buffer("inv_freq", inv_freq.to(self.c_attn.weight.device), persistent=False)
         self.scale = mscale ** 2 / math.sqrt(self.head_dim)
 
-    def kernel(self, q, k, v, delta):
-        kernel, why = use_pope_kernel(self.attn_impl, q, k, v, delta)
-        if not kernel and q.is_cuda and self.attn_impl == "auto":  # (said once: Python's warnings filter)
-            warnings.warn(f"PoPE Triton kernel not used ({why}); running the PyTorch path of model.py")
-        return kernel
-
     def forward(self, x, cache=None):
         B, T, C = x.size()
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
         q, k = self.q_probe(q), self.k_probe(k)
-        delta = pope_delta(self.delta, self.delta_bound) if self.pos_emb == "pope" else None
-        if delta is not None and cache is None and self.kernel(q, k, v, delta):  # training, evaluation on CUDA
-            y = pope_kernel.pope_attention(q, k, v, delta, pope_frequencies(self.head_dim, self.pope_base, q.device))
-        else:  # one SDPA call; with a cache, over all its slots, those past each query masked
-            pos = torch.arange(T, device=x.device) if cache is None else cache.positions
-            if delta is not None:  # pope_attention_torch's Cartesian q and k; the cache keeps the keys' form
-                q = pope_cartesian(q, pos, None, self.pope_base).to(v.dtype)
-                k = pope_cartesian(k, pos, delta, self.pope_base).to(v.dtype)
+        if self.pos_emb == "pope" and cache is None:  # training, evaluation: the kernel on CUDA, else the PyTorch path
+            delta = pope_delta(self.delta, self.delta_bound)
+            kernel, why = use_pope_kernel(self.attn_impl, q, k, v, delta)
+            if not kernel and q.is_cuda and self.attn_impl == "auto":  # (said once: Python's warnings filter)
+                warnings.warn(f"PoPE Triton kernel not used ({why}); running the PyTorch path of model.py")
+            y = pope_kernel.pope_attention(q, k, v, delta, pope_frequencies(self.head_dim, self.pope_base, q.device)) \
+                if kernel else pope_attention_torch(q, k, v, delta, base=self.pope_base)
+        else:  # one attention call; with a cache, over all its slots, those past each query masked
+            if self.pos_emb == "pope":  # pope_attention_torch's Cartesian q and k; the cache keeps the keys' form
+                rq, rk = cache.rotation[self.layer_idx]  # (KVCache.start makes those of all layers at once)
+                q, k = pope_cartesian(q, rq).to(v.dtype), pope_cartesian(k, rk).to(v.dtype)
             elif self.pos_emb == "rope":
-                q, k = apply_rope(q, self.inv_freq, pos), apply_rope(k, self.inv_freq, pos)
-            if cache is not None:
-                k, v = cache.update(self.layer_idx, k, v)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if cache is None else cache.mask,
-                                               is_causal=cache is None, scale=self.scale)
+                rot = rope_cos_sin(self.inv_freq, torch.arange(T, device=x.device)) if cache is None else \
+                    cache.rotation[self.layer_idx]
+                q, k = apply_rope(q, *rot), apply_rope(k, *rot)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale) if cache is None else \
+                cache.attend(self.layer_idx, q, k, v, self.scale)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
@@ -406,13 +423,12 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, vocab_size=None, context=None,
                  mode="eager", times=None):
-        """Sample max_new_tokens continuations of idx (B, T) on a KVCache of `context`
-        positions (default block_size), then, once it is full, from the last `context`
-        tokens at positions 0.. (a forward per token). Ids >= vocab_size are never drawn;
-        temperature 0 or top_k=1 is greedy. mode "eager" runs the one-token step from
-        Python, "graph" (CUDA) replays it as a CUDA graph, "compile" compiles it first
-        (greedy tokens agree: bench.py check). times (a dict) gets the seconds of
-        prefill, capture and decode."""
+        """Sample max_new_tokens continuations of idx (B, T) on a KVCache of `context` positions
+        (default block_size), then, once it is full, from the last `context` tokens at positions
+        0.. (a forward per token). Ids >= vocab_size are never drawn; temperature 0 or top_k=1 is
+        greedy. mode "eager" runs the one-token step from Python, "graph" (CUDA) replays it as a
+        CUDA graph, "compile" compiles it first (greedy tokens agree: bench.py check). times (a
+        dict) gets the seconds of prefill, capture and decode."""
         device, N, (B, T0) = self.lm_head.weight.device, context or self.config.block_size, idx.shape
         if mode not in ("eager", "graph", "compile") or mode != "eager" and device.type != "cuda":
             raise ValueError(f"mode must be 'eager', or 'graph' or 'compile' on CUDA; got {mode!r} on {device}")
@@ -436,11 +452,10 @@ class GPT(nn.Module):
                 cache.pos.zero_()
                 step(out[:, t - N:t])
             else:
-                with decode_sdpa():
-                    if run is None:
-                        run = step if mode == "eager" else cuda_graph(step, mode == "compile", cache.pos, tok)
-                        t2 = clock()
-                    run()
+                if run is None:
+                    run = step if mode == "eager" else cuda_graph(step, mode == "compile", cache.pos, tok)
+                    t2 = clock()
+                run()
             out[:, t] = tok[:, 0]
         if times is not None:
             times.update(prefill=t1 - t0, capture=t2 - t1, decode=clock() - t2)
@@ -465,21 +480,6 @@ def cuda_graph(fn, compile, *state):
     with torch.cuda.graph(graph):
         fn()
     return graph.replay
-
-
-@contextmanager
-def decode_sdpa():
-    """One-token steps run SDPA's math backend, in the compute dtype: on CUDA,
-    Flash takes no mask and the memory-efficient kernel reads a row's keys
-    block after block in one thread block (bench.py sample measures both)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    was = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
-    torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)  # else it copies the cache to float32
-    try:
-        with sdpa_kernel([SDPBackend.MATH]):
-            yield
-    finally:
-        torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(was)
 
 
 def sample_next(logits, temperature=1.0, top_k=None, vocab_size=None):

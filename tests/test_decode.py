@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from helpers import rel_err, run_here
 
 import model as model_lib
-from model import GPT, GPTConfig, KVCache, pope_cartesian, pope_delta, sample_next
+from model import GPT, GPTConfig, KVCache, pope_cartesian, pope_cos_sin, pope_delta, pope_frequencies, sample_next
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,7 +76,8 @@ def test_cached_decoding_equals_the_uncached_forward(pos_emb):
         with torch.no_grad():
             k = attn.c_attn(model.transformer.h[0].ln_1(model.transformer.wte(idx))).split(32, dim=2)[1]
             k = k.view(2, 5, 2, 16).transpose(1, 2)
-            want = pope_cartesian(k, torch.arange(5), pope_delta(attn.delta, attn.delta_bound))
+            theta = pope_frequencies(16, dtype=torch.float64)
+            want = pope_cartesian(k, pope_cos_sin(torch.arange(5), theta, pope_delta(attn.delta, attn.delta_bound)))
         assert cache.k[0].shape == (2, 2, 16, 32) and rel_err(cache.k[0][:, :, :5], want) < 1e-14, f"seed {seed}"
 
 
@@ -165,6 +166,27 @@ def test_prompt_longer_than_the_context_and_graphs_on_the_cpu_are_errors():
             model.generate(torch.zeros(1, 3, dtype=torch.long), 2, mode=mode)
 
 
+@pytest.mark.parametrize("pos_emb", ["pope", "rope"])
+def test_a_step_turns_every_layer_with_one_set_of_cos_and_sin(pos_emb):
+    """What a one-token step needs of its position alone is made once for all layers
+    (KVCache.start), and PoPE's theta and bounded delta once per cache: a 3-layer model's
+    step runs as many cos and sin as a 1-layer model's, and no logspace or ceil (theta
+    from float64, the wrapped delta). On a GPU each such op is a kernel of the graph."""
+    from torch.profiler import ProfilerActivity, profile
+    counts = []
+    for n_layer in (1, 3):
+        model = tiny(pos_emb, n_layer=n_layer)
+        cache = KVCache(model, 2, 16, torch.float64)
+        with torch.no_grad():
+            model(torch.zeros(2, 4, dtype=torch.long), cache=cache)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                model(torch.zeros(2, 1, dtype=torch.long), cache=cache)
+        names = [e.name for e in prof.events()]
+        counts.append({op: names.count(op) for op in ("aten::cos", "aten::sin", "aten::logspace", "aten::ceil")})
+    assert counts[0] == counts[1] and counts[0]["aten::cos"] >= 1, counts
+    assert counts[0]["aten::logspace"] == counts[0]["aten::ceil"] == 0, counts
+
+
 def test_cache_dtype_follows_autocast(monkeypatch):
     seen = []
     real = KVCache.__init__
@@ -242,7 +264,8 @@ def test_the_model_attention_equals_the_loop_reference():
     delta_c) / sqrt(D) computed one (t, s) at a time."""
     seed = torch.seed() % 2**31
     torch.manual_seed(seed)
-    attn = tiny("pope", n_layer=1).transformer.h[0].attn
+    model = tiny("pope", n_layer=1)
+    attn = model.transformer.h[0].attn
     B, T, H, D = 2, 7, 2, 16
     x = torch.randn(B, T, 32, dtype=torch.float64)
     q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in attn.c_attn(x).split(32, dim=2))
@@ -258,6 +281,6 @@ def test_the_model_attention_equals_the_loop_reference():
     want = attn.c_proj(ref.transpose(1, 2).reshape(B, T, 32))
     with torch.no_grad():
         assert rel_err(attn(x), want) < 1e-12, f"seed {seed}"
-        cache = KVCache(tiny("pope", n_layer=1), B, 10, torch.float64)
+        cache = KVCache(model, B, 10, torch.float64)
         cache.start(T)
         assert rel_err(attn(x, cache), want) < 1e-12, f"seed {seed}"

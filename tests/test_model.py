@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from helpers import rel_err
 
-from model import GPT, GPTConfig, apply_rope, pope_attention_torch, pope_cartesian, pope_delta, yarn_inv_freq
+from model import (GPT, GPTConfig, apply_rope, pope_attention_torch, pope_cartesian, pope_cos_sin, pope_delta,
+                   pope_frequencies, rope_cos_sin, yarn_inv_freq)
 
 
 def pope_attention_reference(q, k, v, delta, bound="wrap", **kw):  # what the model runs: delta bounded, then the attention
@@ -105,7 +106,7 @@ def test_pope_frequencies_and_shapes():
     # D frequencies base^(-c/D), not RoPE's D/2: the phase of component c at position 1 is theta_c
     D = 6
     x = torch.zeros(1, 1, 2, D)  # softplus(0) = ln 2
-    c = pope_cartesian(x, torch.tensor([0, 1]))
+    c = pope_cartesian(x, pope_cos_sin(torch.tensor([0, 1]), pope_frequencies(D)))
     assert c.shape == (1, 1, 2, 2 * D)
     theta = torch.tensor([10000.0 ** (-i / D) for i in range(D)])
     torch.testing.assert_close(c[0, 0, 1, :D], math.log(2) * torch.cos(theta))
@@ -117,7 +118,7 @@ def test_rope_matches_complex_rotation():
     B, H, T, D = 2, 3, 6, 8
     x = torch.randn(B, H, T, D, dtype=torch.float64)
     inv_freq = torch.tensor([10000.0 ** (-2 * i / D) for i in range(D // 2)], dtype=torch.float64)
-    out = apply_rope(x, inv_freq.float(), torch.arange(3, 3 + T))
+    out = apply_rope(x, *rope_cos_sin(inv_freq.float(), torch.arange(3, 3 + T)))
     # textbook: pair (x_i, x_{i+D/2}) as a complex number, multiplied by e^{i t theta_i}
     z = torch.complex(x[..., : D // 2], x[..., D // 2:])
     t = torch.arange(3, 3 + T, dtype=torch.float64)
@@ -134,14 +135,14 @@ def test_relative_position_only():
     delta = torch.empty(H, D, dtype=torch.float64).uniform_(-2 * math.pi, 0)
     for shift in (5, 123):
         pos = torch.arange(T)
-        qc = pope_cartesian(q, pos + shift)
-        kc = pope_cartesian(k, pos + shift, delta)
+        theta = pope_frequencies(D, dtype=torch.float64)
+        qc = pope_cartesian(q, pope_cos_sin(pos + shift, theta))
+        kc = pope_cartesian(k, pope_cos_sin(pos + shift, theta, delta))
         shifted = F.scaled_dot_product_attention(qc, kc, v, is_causal=True, scale=1 / math.sqrt(D))
         assert rel_err(shifted, pope_attention_reference(q, k, v, delta)) < 1e-10, f"seed 8, shift {shift}"
         inv = yarn_inv_freq(D, 10000.0, 1.0, 1024)[0].double()
-        r0 = F.scaled_dot_product_attention(apply_rope(q, inv, pos), apply_rope(k, inv, pos), v, is_causal=True)
-        r1 = F.scaled_dot_product_attention(apply_rope(q, inv, pos + shift), apply_rope(k, inv, pos + shift), v,
-                                            is_causal=True)
+        r0, r1 = (F.scaled_dot_product_attention(apply_rope(q, *rot), apply_rope(k, *rot), v, is_causal=True)
+                  for rot in (rope_cos_sin(inv, pos), rope_cos_sin(inv, pos + shift)))
         assert rel_err(r1, r0) < 1e-5, f"seed 8, shift {shift}"
 
 
