@@ -16,6 +16,7 @@
 #          seed<S>-<pe>/eval.json      val and test loss and accuracy over the whole splits
 #          seed<S>-<pe>-test.log       that evaluation's output
 #          summary.md                  python results/summarize.py over the eval.json files
+#          frequencies-seed<S..>-<pe..>.{json,png,log}   eval_frequencies.py over this call's checkpoints
 #          env.txt                     date, GPUs, driver, torch and triton versions
 # Settings (environment variables):
 #   OBJECTIVE=target  the training loss on the target letter only (train_mask=True), or
@@ -96,3 +97,11 @@ for s in $SEEDS; do
     done
 done
 python results/summarize.py $OUT/seed*/eval.json | tee $OUT/summary.md
+
+# which positional frequencies the trained models use (eval_frequencies.py), over the runs of this call whose
+# checkpoint is here, on the first 65,536 tokens of the test split (windows of 51 across the 52-token rows)
+FREQ=(); for s in $SEEDS; do for pe in $POS_EMBS; do
+    [ -f $OUT/seed$s-$pe$TAG/ckpt.pt ] && FREQ+=($OUT/seed$s-$pe$TAG/ckpt.pt); done; done
+NAME=frequencies$TAG-seed$(echo $SEEDS | tr ' ' _)-$(echo $POS_EMBS | tr ' ' _)
+[ ${#FREQ[@]} = 0 ] || CUDA_VISIBLE_DEVICES=${GPU[0]} python eval_frequencies.py --data data/$DATASET/test.bin \
+    --ckpt "${FREQ[@]}" --no_progress --json $OUT/$NAME.json --plot $OUT/$NAME.png > $OUT/$NAME.log 2>&1
