@@ -10,7 +10,7 @@
 #          8 min for one 100k-step run alone on a GPU. Runs side by side share it and gain
 #          little: four on one H200 under CUDA MPS took 12.7-13.8 ms/step each (about 1.2x
 #          the steps per second of one run alone; results/indirect_indexing/all/*.log).
-# Outputs: results/indirect_indexing/<OBJECTIVE>[-<VARIANT>]/
+# Outputs: results/indirect_indexing/<OBJECTIVE>[-<VARIANT>][-<LABEL>]/
 #          seed<S>-<pe>.log            the training log (train loss every 100 steps, val every 2000)
 #          seed<S>-<pe>/metrics.jsonl  the same as JSON lines (ckpt.pt beside it: the last checkpoint)
 #          seed<S>-<pe>/eval.json      val and test loss and accuracy over the whole splits
@@ -30,6 +30,8 @@
 #   STEPS=100000      another N compresses the schedule to N steps (warmup N/25, eval every N/10;
 #                     run folders seed<S>-<pe>-<N>steps)
 #   EXTRA="--key=value ..."  appended to every train.py call
+#   LABEL=""          names a setting of EXTRA: the runs go to <OBJECTIVE>[-<VARIANT>]-<LABEL>/ (e.g.
+#                     LABEL=wd0 EXTRA="--weight_decay=0"), so they never mix with the default's runs
 #   RESULTS=results/indirect_indexing   where the run folders go
 # A run with an eval.json is kept; one with a checkpoint short of its last step is resumed
 # (train.py resumes exactly), one without a checkpoint is started again. So the script can be
@@ -42,6 +44,8 @@ SEEDS=${SEEDS:-1337}
 POS_EMBS=${POS_EMBS:-pope rope none}
 STEPS=${STEPS:-100000}
 EXTRA=${EXTRA:-}
+LABEL=${LABEL:-}
+[ -z "$EXTRA" ] || [ -n "$LABEL" ] || { echo "EXTRA changes the runs: name the setting with LABEL=... (their folder)"; exit 1; }
 RESULTS=${RESULTS:-results/indirect_indexing}
 case $OBJECTIVE in
     target) MASK=True ;;
@@ -54,7 +58,7 @@ case $VARIANT in
     question_first) DATASET=indirect_indexing_question_first; PREP="--order question_first" ;;
     *)              echo "VARIANT must be empty, shift_token or question_first, got $VARIANT"; exit 1 ;;
 esac
-OUT=$RESULTS/$OBJECTIVE${VARIANT:+-$VARIANT}
+OUT=$RESULTS/$OBJECTIVE${VARIANT:+-$VARIANT}${LABEL:+-$LABEL}
 source results/setup.sh  # GPU list, logging, $OUT/env.txt
 
 [ -f data/$DATASET/meta.json ] || python prepare/indirect_indexing.py $PREP --out_dir data/$DATASET
