@@ -21,9 +21,10 @@ from torch.nn import functional as F
 
 try:  # the fused kernel needs Triton; without it the PyTorch path below runs everywhere
     import pope_kernel
-    KERNEL_IMPORT_ERROR = None
+    from pope_kernel import kernel_unsupported_reason  # (q, k, v, delta): None, or why the kernel cannot take them
 except ImportError as e:
-    pope_kernel, KERNEL_IMPORT_ERROR = None, e
+    pope_kernel, KERNEL_MISSING = None, f"Triton is not importable: {e}"
+    kernel_unsupported_reason = lambda q, k, v, delta: KERNEL_MISSING  # noqa: E731  (train.py asks it too)
 
 TWO_PI = 2.0 * math.pi
 
@@ -175,12 +176,6 @@ def apply_rope(x, cos, sin):
 
 # -----------------------------------------------------------------------------
 # the model
-
-def kernel_unsupported_reason(q, k, v, delta):
-    if pope_kernel is None:
-        return f"Triton is not importable: {KERNEL_IMPORT_ERROR}"
-    return pope_kernel.kernel_unsupported_reason(q, k, v, delta)
-
 
 def use_pope_kernel(attn_impl, q, k, v, delta):
     """The one rule for which code runs PoPE's attention: (True, note) for the
