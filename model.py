@@ -1,8 +1,7 @@
 """
-A GPT language model with a switch between PoPE, RoPE and no positional
-embedding (NoPE), in the style of nanoGPT. PoPE's math is in this file, in
-plain PyTorch, top to bottom as the paper writes it (section "PoPE" below);
-pope_kernel.py holds a fused Triton kernel that computes the same attention.
+A GPT language model with a switch between PoPE, RoPE and no positional embedding (NoPE), in the style of
+nanoGPT. PoPE's math is in this file, in plain PyTorch, top to bottom as the paper writes it (section "PoPE"
+below); pope_kernel.py holds a fused Triton kernel that computes the same attention.
 
 Usage (as a library; configurator.load_checkpoint loads a train.py checkpoint):
     from model import GPT, GPTConfig
@@ -44,10 +43,8 @@ class GPTConfig:
     pope_delta_init: str = "zero"  # "zero" (language) | "uniform": U(-2pi, 0)
     pope_delta_bound: str = "wrap"  # how delta is kept in [-2pi, 0]: "wrap" | "clamp" | "project" (see pope_delta)
     attn_impl: str = "auto"  # PoPE only: "auto" (the kernel on CUDA) | "torch" (the code below) | "triton"
-    # YaRN for RoPE (arXiv 2309.00071): scale s > 1 stretches the context by s
-    # relative to rope_scaling_orig_len (0 means block_size). 1.0 is plain RoPE.
-    rope_scaling: float = 1.0
-    rope_scaling_orig_len: int = 0
+    rope_scaling: float = 1.0  # YaRN (arXiv 2309.00071), RoPE only: s > 1 stretches the context by s; 1.0 is plain RoPE
+    rope_scaling_orig_len: int = 0  # the context that s stretches (0 means block_size)
 
     def __post_init__(self):
         def need(ok, msg):
@@ -75,11 +72,10 @@ class GPTConfig:
 # of the 2D-long vectors [mu cos(phi), mu sin(phi)], so the PyTorch path builds those (pope_cos_sin,
 # then pope_cartesian) and calls SDPA. Values, softmax and the causal mask are unchanged.
 #
-# The fused kernel (pope_kernel.py) takes theta from pope_frequencies and delta from pope_delta;
-# its @triton.jit helpers _softplus, _cos_sin, _cartesian_tile and _cartesian_grad (the backward)
-# are its copy of pope_magnitude, pope_cos_sin and pope_cartesian. To try a variant: edit this
-# section, run with --attn_impl=torch (the PyTorch path, on any device), then port the change to
-# those helpers; tests/test_kernel.py fails while the two differ.
+# The fused kernel (pope_kernel.py) takes theta from pope_frequencies and delta from pope_delta; its @triton.jit
+# helpers _softplus, _cos_sin, _cartesian_tile and _cartesian_grad (the backward) are its copy of pope_magnitude,
+# pope_cos_sin and pope_cartesian. To try a variant: edit this section, run with --attn_impl=torch (the PyTorch
+# path, on any device), then port the change to those helpers; tests/test_kernel.py fails while the two differ.
 
 def pope_magnitude(x):
     """mu = softplus(x): every path's magnitudes (the kernel's copy: _softplus)."""
@@ -92,13 +88,11 @@ def pope_frequencies(D, base=10000.0, device=None, dtype=torch.float32):
 
 
 def pope_delta(delta, bound="wrap"):
-    """The phase bias the attention uses, in [-2pi, 0] (one period of cos) as the
-    paper asks. "wrap" (default) maps the parameter into (-2pi, 0] modulo 2pi: the
-    score is smooth in it and its gradient never cut. "clamp" has zero gradient
-    outside the range: from the zero init, AdamW's first steps push most entries
-    above 0, where they stay, frozen. "project" clamps here and train.py clamps the
-    parameter after every step (GPT.project_delta_): entries keep a gradient but
-    sit pinned at the edge. RESULTS.md, section 7, compares the three."""
+    """The phase bias the attention uses, in [-2pi, 0] (one period of cos) as the paper asks. "wrap" (default) maps
+    the parameter into (-2pi, 0] modulo 2pi: the score is smooth in it and its gradient never cut. "clamp" has zero
+    gradient outside the range: from the zero init, AdamW's first steps push most entries above 0, where they stay,
+    frozen. "project" clamps here and train.py clamps the parameter after every step (GPT.project_delta_): entries
+    keep a gradient but sit pinned at the edge. RESULTS.md, section 7, compares the three."""
     if bound == "wrap":
         return delta - TWO_PI * torch.ceil(delta.detach() / TWO_PI)
     return torch.clamp(delta, -TWO_PI, 0.0)
@@ -139,13 +133,12 @@ def pope_attention_torch(q, k, v, delta, *, causal=True, base=10000.0, q_offset=
 # RoPE, with YaRN (Peng et al., arXiv 2309.00071) for longer contexts
 
 def yarn_inv_freq(head_dim, base, scale, orig_len, beta_fast=32.0, beta_slow=1.0):
-    """RoPE inverse frequencies under YaRN, and the logit factor mscale^2, in YaRN's
-    published form (its reference code, Hugging Face's). Pair i, theta_i =
-    base^(-2i/D), makes b rotations over the original context L0 at pair index
-    d(b) = D ln(L0 / (2 pi b)) / (2 ln base). With low = max(floor(d(beta_fast)), 0),
-    high = min(ceil(d(beta_slow)), D - 1) and the ramp g_i = clip((i - low) / (high -
-    low), 0, 1): theta_i' = (1 - g_i) theta_i + g_i theta_i / s (fast pairs kept, slow
-    ones interpolated); mscale = 0.1 ln(s) + 1 (YaRN's sqrt(1/t)). s = 1: plain RoPE."""
+    """RoPE inverse frequencies under YaRN, and the logit factor mscale^2, in YaRN's published form (its reference
+    code, Hugging Face's). Pair i, theta_i = base^(-2i/D), makes b rotations over the original context L0 at pair
+    index d(b) = D ln(L0 / (2 pi b)) / (2 ln base). With low = max(floor(d(beta_fast)), 0),
+    high = min(ceil(d(beta_slow)), D - 1) and the ramp g_i = clip((i - low) / (high - low), 0, 1):
+    theta_i' = (1 - g_i) theta_i + g_i theta_i / s (fast pairs kept, slow ones interpolated);
+    mscale = 0.1 ln(s) + 1 (YaRN's sqrt(1/t)). s = 1: plain RoPE."""
     theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     if scale <= 1.0:
         return theta.float(), 1.0
@@ -178,10 +171,9 @@ def apply_rope(x, cos, sin):
 # the model
 
 def use_pope_kernel(attn_impl, q, k, v, delta):
-    """The one rule for which code runs PoPE's attention: (True, note) for the
-    fused kernel, (False, why not) for the PyTorch path. "auto" takes the kernel
-    for CUDA input it supports, "triton" always (pope_attention raises for input
-    it does not take: the note says why)."""
+    """The one rule for which code runs PoPE's attention: (True, note) for the fused kernel, (False, why not) for the
+    PyTorch path. "auto" takes the kernel for CUDA input it supports, "triton" always (pope_attention raises for
+    input it does not take: the note says why)."""
     if attn_impl == "torch":
         return False, "attn_impl='torch'"
     if attn_impl == "auto" and not q.is_cuda:
@@ -239,7 +231,6 @@ class KVCache:
 
 
 class CausalSelfAttention(nn.Module):
-
     def __init__(self, config, layer_idx):
         super().__init__()
         self.layer_idx, self.n_head, self.head_dim = layer_idx, config.n_head, config.n_embd // config.n_head
@@ -288,7 +279,6 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
@@ -300,7 +290,6 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-
     def __init__(self, config, layer_idx):
         super().__init__()
         self.ln_1 = nn.RMSNorm(config.n_embd, eps=1e-6)
@@ -314,7 +303,6 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -360,9 +348,8 @@ class GPT(nn.Module):
         return f"pope: the {'fused Triton kernel of pope_kernel.py' if kernel else 'PyTorch path of model.py'} ({why})"
 
     def forward(self, idx, targets=None, loss_mask=None, cache=None):
-        """idx (B, T) token ids. With targets (B, T): all logits and the mean cross-entropy
-        over the positions where loss_mask (B, T) is nonzero (all without a mask).
-        Without: the last position's logits only (inference)."""
+        """idx (B, T) token ids. With targets (B, T): all logits and the mean cross-entropy over the positions where
+        loss_mask (B, T) is nonzero (all without a mask). Without: the last position's logits only (inference)."""
         x = self.transformer.drop(self.transformer.wte(idx))
         if cache is not None:
             cache.start(idx.size(1))
@@ -399,9 +386,8 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda" or None)
 
     def flops_per_token(self, T=None):
-        """Training FLOPs per token (forward + backward = 3x forward), nanoGPT's count:
-        6N for the weights plus the attention matmuls. PoPE's QK^T runs over 2D-long
-        vectors, so its attention costs (2D + D) instead of (D + D)."""
+        """Training FLOPs per token (forward + backward = 3x forward), nanoGPT's count: 6N for the weights plus
+        the attention matmuls. PoPE's QK^T runs over 2D-long vectors, so its attention costs (2D + D), not (D + D)."""
         cfg = self.config
         L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, T or cfg.block_size
         qk = 2 * Q if cfg.pos_emb == "pope" else Q
