@@ -12,6 +12,8 @@ fine-tuned run. train.py calls, in order:
     rng_states(world)                                      # at every checkpoint: what a resume continues
 
 Every refusal is one line, `error: ...` (sys.exit), naming the problem and the fix.
+The checkpoint readers are here too (section "checkpoints"): sample.py and the eval
+scripts call load_checkpoint(path, device) -> (model in eval mode, checkpoint dict).
 """
 
 import ast
@@ -24,12 +26,13 @@ import re
 import shlex
 import sys
 import traceback
+import zipfile
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from model import GPTConfig, check_checkpoint_file, checkpoint_model_args
+from model import GPT, GPTConfig
 from prepare.common import PrepareError, checkpoint_error, data_changes, lock_folder
 
 MODEL_KEYS = [f.name for f in dataclasses.fields(GPTConfig) if f.name != "vocab_size"]  # (the data sets the vocabulary)
@@ -274,3 +277,66 @@ def set_rng_states(ckpt, seed, rank, device_type):
     torch.set_rng_state(st["torch"])
     if device_type == "cuda" and st["cuda"] is not None:
         torch.cuda.set_rng_state(st["cuda"])
+
+
+# -----------------------------------------------------------------------------
+# checkpoints. They live here, not in model.py: a resumed or fine-tuned run's settings are
+# read back from its checkpoint (resume_config), and sample.py and the eval scripts load
+# checkpoints through the same checks (load_checkpoint), so every script refuses a bad file alike.
+
+class CheckpointError(ValueError):
+    """A file that is not an intact train.py checkpoint; the message is one line."""
+
+
+def check_checkpoint_file(path):
+    """Refuse (CheckpointError) a checkpoint file that is empty, not the zip archive
+    torch.save writes, or damaged: every member's CRC-32 is checked, so a flipped
+    byte is caught before anything loads it (about a second for 124M with its
+    optimizer). FileNotFoundError if there is none. Called before every torch.load."""
+    if os.path.isdir(path):
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file (train.py writes out_dir/ckpt.pt)")
+    if os.path.getsize(path) == 0:
+        raise CheckpointError(f"{path} is empty (0 bytes): a copy or save that did not finish; use an intact copy")
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, EOFError) as e:
+        raise CheckpointError(f"{path} is not a checkpoint torch.save wrote, or it is cut short ({e})") from None
+    if bad is not None:
+        raise CheckpointError(f"{path} is corrupt: {bad} fails its CRC-32 check (a damaged disk or copy); "
+                              "use an intact copy")
+
+
+def _describe(obj):
+    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return f"a bare state_dict ({len(obj)} tensors such as {next(iter(obj))!r})"
+    if isinstance(obj, dict):
+        return f"a dict with the keys {sorted(map(str, obj))[:8]}"
+    return f"a bare tensor of shape {tuple(obj.shape)}" if isinstance(obj, torch.Tensor) else f"a {type(obj).__name__}"
+
+
+def checkpoint_model_args(ckpt, path="the file"):
+    """A train.py checkpoint's model_args (CheckpointError, naming what path holds,
+    for anything else). Checkpoints written before pope_delta_bound existed were
+    trained with the clamp, so they get it: their delta reads as trained."""
+    if not (isinstance(ckpt, dict) and all(isinstance(ckpt.get(k), dict) for k in ("model", "model_args"))):
+        raise CheckpointError(f"{path} holds {_describe(ckpt)}, not a train.py checkpoint (a dict with the weights "
+                              "under 'model' and the model's settings under 'model_args')")
+    return {"pope_delta_bound": "clamp", **ckpt["model_args"]}
+
+
+def load_checkpoint(path, device="cpu", **overrides):
+    """Load a train.py checkpoint: (model in eval mode, checkpoint dict). overrides
+    replace GPTConfig fields (e.g. attn_impl="torch"). A damaged file is refused
+    (check_checkpoint_file), then read with weights_only=True: tensors, never code."""
+    try:
+        check_checkpoint_file(path)
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"checkpoint {path} not found; train one with train.py (it writes out_dir/ckpt.pt)") from None
+    valid = {f.name for f in dataclasses.fields(GPTConfig)}
+    if set(overrides) - valid:
+        raise ValueError(f"unknown GPTConfig fields {sorted(set(overrides) - valid)}; valid: {sorted(valid)}")
+    model = GPT(GPTConfig(**{**checkpoint_model_args(ckpt, path), **overrides}))
+    model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
+    return model.to(device).eval(), ckpt

@@ -35,7 +35,7 @@ from urllib.parse import urlparse
 import torch
 import torch.nn.functional as F
 
-from model import check_checkpoint_file, checkpoint_model_args, load_checkpoint
+from configurator import check_checkpoint_file, checkpoint_model_args, load_checkpoint
 from prepare.common import PrepareError, check_writable, checkpoint_error, codec, die, write_json
 
 ROOT = os.path.dirname(os.path.abspath(__file__))

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from model import load_checkpoint
+from configurator import load_checkpoint
 from prepare.common import (PrepareError, check_writable, checkpoint_error, die, read_tokens, vocab_key, write_atomic,
                             write_json)
 

@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from model import apply_rope, load_checkpoint, pope_frequencies, rope_cos_sin, yarn_inv_freq
+from configurator import load_checkpoint
+from model import apply_rope, pope_frequencies, rope_cos_sin, yarn_inv_freq
 from prepare.common import PrepareError, checkpoint_error, die, read_tokens, vocab_key, write_atomic, write_json
 
 

@@ -1,22 +1,18 @@
 """
-A GPT language model with a switch between PoPE, RoPE and no positional
-embedding (NoPE), in the style of nanoGPT. PoPE's math is in this file, in
-plain PyTorch, top to bottom as the paper writes it (section "PoPE" below);
-pope_kernel.py holds a fused Triton kernel that computes the same attention.
+A GPT language model with a switch between PoPE, RoPE and no positional embedding (NoPE), in the style of
+nanoGPT. PoPE's math is in this file, in plain PyTorch, top to bottom as the paper writes it (section "PoPE"
+below); pope_kernel.py holds a fused Triton kernel that computes the same attention.
 
-Usage (as a library):
-    from model import GPT, GPTConfig, load_checkpoint
+Usage (as a library; configurator.load_checkpoint loads a train.py checkpoint):
+    from model import GPT, GPTConfig
     model = GPT(GPTConfig(pos_emb="pope"))
     logits, loss = model(idx, targets)
-    model, ckpt = load_checkpoint("out/ckpt.pt", device="cuda")
 """
 
 import math
-import os
 import time
 import warnings
-import zipfile
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -24,9 +20,10 @@ from torch.nn import functional as F
 
 try:  # the fused kernel needs Triton; without it the PyTorch path below runs everywhere
     import pope_kernel
-    KERNEL_IMPORT_ERROR = None
+    from pope_kernel import kernel_unsupported_reason  # (q, k, v, delta): None, or why the kernel cannot take them
 except ImportError as e:
-    pope_kernel, KERNEL_IMPORT_ERROR = None, e
+    pope_kernel, KERNEL_MISSING = None, f"Triton is not importable: {e}"
+    kernel_unsupported_reason = lambda q, k, v, delta: KERNEL_MISSING  # noqa: E731  (train.py asks it too)
 
 TWO_PI = 2.0 * math.pi
 
@@ -46,10 +43,8 @@ class GPTConfig:
     pope_delta_init: str = "zero"  # "zero" (language) | "uniform": U(-2pi, 0)
     pope_delta_bound: str = "wrap"  # how delta is kept in [-2pi, 0]: "wrap" | "clamp" | "project" (see pope_delta)
     attn_impl: str = "auto"  # PoPE only: "auto" (the kernel on CUDA) | "torch" (the code below) | "triton"
-    # YaRN for RoPE (arXiv 2309.00071): scale s > 1 stretches the context by s
-    # relative to rope_scaling_orig_len (0 means block_size). 1.0 is plain RoPE.
-    rope_scaling: float = 1.0
-    rope_scaling_orig_len: int = 0
+    rope_scaling: float = 1.0  # YaRN (arXiv 2309.00071), RoPE only: s > 1 stretches the context by s; 1.0 is plain RoPE
+    rope_scaling_orig_len: int = 0  # the context that s stretches (0 means block_size)
 
     def __post_init__(self):
         def need(ok, msg):
@@ -77,11 +72,10 @@ class GPTConfig:
 # of the 2D-long vectors [mu cos(phi), mu sin(phi)], so the PyTorch path builds those (pope_cos_sin,
 # then pope_cartesian) and calls SDPA. Values, softmax and the causal mask are unchanged.
 #
-# The fused kernel (pope_kernel.py) takes theta from pope_frequencies and delta from pope_delta;
-# its @triton.jit helpers _softplus, _cos_sin, _cartesian_tile and _cartesian_grad (the backward)
-# are its copy of pope_magnitude, pope_cos_sin and pope_cartesian. To try a variant: edit this
-# section, run with --attn_impl=torch (the PyTorch path, on any device), then port the change to
-# those helpers; tests/test_kernel.py fails while the two differ.
+# The fused kernel (pope_kernel.py) takes theta from pope_frequencies and delta from pope_delta; its @triton.jit
+# helpers _softplus, _cos_sin, _cartesian_tile and _cartesian_grad (the backward) are its copy of pope_magnitude,
+# pope_cos_sin and pope_cartesian. To try a variant: edit this section, run with --attn_impl=torch (the PyTorch
+# path, on any device), then port the change to those helpers; tests/test_kernel.py fails while the two differ.
 
 def pope_magnitude(x):
     """mu = softplus(x): every path's magnitudes (the kernel's copy: _softplus)."""
@@ -94,13 +88,11 @@ def pope_frequencies(D, base=10000.0, device=None, dtype=torch.float32):
 
 
 def pope_delta(delta, bound="wrap"):
-    """The phase bias the attention uses, in [-2pi, 0] (one period of cos) as the
-    paper asks. "wrap" (default) maps the parameter into (-2pi, 0] modulo 2pi: the
-    score is smooth in it and its gradient never cut. "clamp" has zero gradient
-    outside the range: from the zero init, AdamW's first steps push most entries
-    above 0, where they stay, frozen. "project" clamps here and train.py clamps the
-    parameter after every step (GPT.project_delta_): entries keep a gradient but
-    sit pinned at the edge. RESULTS.md, section 7, compares the three."""
+    """The phase bias the attention uses, in [-2pi, 0] (one period of cos) as the paper asks. "wrap" (default) maps
+    the parameter into (-2pi, 0] modulo 2pi: the score is smooth in it and its gradient never cut. "clamp" has zero
+    gradient outside the range: from the zero init, AdamW's first steps push most entries above 0, where they stay,
+    frozen. "project" clamps here and train.py clamps the parameter after every step (GPT.project_delta_): entries
+    keep a gradient but sit pinned at the edge. RESULTS.md, section 7, compares the three."""
     if bound == "wrap":
         return delta - TWO_PI * torch.ceil(delta.detach() / TWO_PI)
     return torch.clamp(delta, -TWO_PI, 0.0)
@@ -141,13 +133,12 @@ def pope_attention_torch(q, k, v, delta, *, causal=True, base=10000.0, q_offset=
 # RoPE, with YaRN (Peng et al., arXiv 2309.00071) for longer contexts
 
 def yarn_inv_freq(head_dim, base, scale, orig_len, beta_fast=32.0, beta_slow=1.0):
-    """RoPE inverse frequencies under YaRN, and the logit factor mscale^2, in YaRN's
-    published form (its reference code, Hugging Face's). Pair i, theta_i =
-    base^(-2i/D), makes b rotations over the original context L0 at pair index
-    d(b) = D ln(L0 / (2 pi b)) / (2 ln base). With low = max(floor(d(beta_fast)), 0),
-    high = min(ceil(d(beta_slow)), D - 1) and the ramp g_i = clip((i - low) / (high -
-    low), 0, 1): theta_i' = (1 - g_i) theta_i + g_i theta_i / s (fast pairs kept, slow
-    ones interpolated); mscale = 0.1 ln(s) + 1 (YaRN's sqrt(1/t)). s = 1: plain RoPE."""
+    """RoPE inverse frequencies under YaRN, and the logit factor mscale^2, in YaRN's published form (its reference
+    code, Hugging Face's). Pair i, theta_i = base^(-2i/D), makes b rotations over the original context L0 at pair
+    index d(b) = D ln(L0 / (2 pi b)) / (2 ln base). With low = max(floor(d(beta_fast)), 0),
+    high = min(ceil(d(beta_slow)), D - 1) and the ramp g_i = clip((i - low) / (high - low), 0, 1):
+    theta_i' = (1 - g_i) theta_i + g_i theta_i / s (fast pairs kept, slow ones interpolated);
+    mscale = 0.1 ln(s) + 1 (YaRN's sqrt(1/t)). s = 1: plain RoPE."""
     theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     if scale <= 1.0:
         return theta.float(), 1.0
@@ -179,17 +170,10 @@ def apply_rope(x, cos, sin):
 # -----------------------------------------------------------------------------
 # the model
 
-def kernel_unsupported_reason(q, k, v, delta):
-    if pope_kernel is None:
-        return f"Triton is not importable: {KERNEL_IMPORT_ERROR}"
-    return pope_kernel.kernel_unsupported_reason(q, k, v, delta)
-
-
 def use_pope_kernel(attn_impl, q, k, v, delta):
-    """The one rule for which code runs PoPE's attention: (True, note) for the
-    fused kernel, (False, why not) for the PyTorch path. "auto" takes the kernel
-    for CUDA input it supports, "triton" always (pope_attention raises for input
-    it does not take: the note says why)."""
+    """The one rule for which code runs PoPE's attention: (True, note) for the fused kernel, (False, why not) for the
+    PyTorch path. "auto" takes the kernel for CUDA input it supports, "triton" always (pope_attention raises for
+    input it does not take: the note says why)."""
     if attn_impl == "torch":
         return False, "attn_impl='torch'"
     if attn_impl == "auto" and not q.is_cuda:
@@ -247,7 +231,6 @@ class KVCache:
 
 
 class CausalSelfAttention(nn.Module):
-
     def __init__(self, config, layer_idx):
         super().__init__()
         self.layer_idx, self.n_head, self.head_dim = layer_idx, config.n_head, config.n_embd // config.n_head
@@ -296,7 +279,6 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
@@ -308,7 +290,6 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-
     def __init__(self, config, layer_idx):
         super().__init__()
         self.ln_1 = nn.RMSNorm(config.n_embd, eps=1e-6)
@@ -322,7 +303,6 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -368,9 +348,8 @@ class GPT(nn.Module):
         return f"pope: the {'fused Triton kernel of pope_kernel.py' if kernel else 'PyTorch path of model.py'} ({why})"
 
     def forward(self, idx, targets=None, loss_mask=None, cache=None):
-        """idx (B, T) token ids. With targets (B, T): all logits and the mean cross-entropy
-        over the positions where loss_mask (B, T) is nonzero (all without a mask).
-        Without: the last position's logits only (inference)."""
+        """idx (B, T) token ids. With targets (B, T): all logits and the mean cross-entropy over the positions where
+        loss_mask (B, T) is nonzero (all without a mask). Without: the last position's logits only (inference)."""
         x = self.transformer.drop(self.transformer.wte(idx))
         if cache is not None:
             cache.start(idx.size(1))
@@ -407,9 +386,8 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda" or None)
 
     def flops_per_token(self, T=None):
-        """Training FLOPs per token (forward + backward = 3x forward), nanoGPT's count:
-        6N for the weights plus the attention matmuls. PoPE's QK^T runs over 2D-long
-        vectors, so its attention costs (2D + D) instead of (D + D)."""
+        """Training FLOPs per token (forward + backward = 3x forward), nanoGPT's count: 6N for the weights plus
+        the attention matmuls. PoPE's QK^T runs over 2D-long vectors, so its attention costs (2D + D), not (D + D)."""
         cfg = self.config
         L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, T or cfg.block_size
         qk = 2 * Q if cfg.pos_emb == "pope" else Q
@@ -495,64 +473,3 @@ def sample_next(logits, temperature=1.0, top_k=None, vocab_size=None):
         logits = logits.masked_fill(logits < torch.topk(logits, min(top_k, logits.size(-1)))[0][:, -1:], -float("inf"))
     probs = F.softmax(logits / temperature, dim=-1)
     return (probs / torch.empty_like(probs).exponential_().clamp_(min=1e-30)).argmax(dim=-1, keepdim=True)
-
-
-# -----------------------------------------------------------------------------
-# checkpoints
-
-class CheckpointError(ValueError):
-    """A file that is not an intact train.py checkpoint; the message is one line."""
-
-
-def check_checkpoint_file(path):
-    """Refuse (CheckpointError) a checkpoint file that is empty, not the zip archive
-    torch.save writes, or damaged: every member's CRC-32 is checked, so a flipped
-    byte is caught before anything loads it (about a second for 124M with its
-    optimizer). FileNotFoundError if there is none. Called before every torch.load."""
-    if os.path.isdir(path):
-        raise CheckpointError(f"{path} is a folder, not a checkpoint file (train.py writes out_dir/ckpt.pt)")
-    if os.path.getsize(path) == 0:
-        raise CheckpointError(f"{path} is empty (0 bytes): a copy or save that did not finish; use an intact copy")
-    try:
-        with zipfile.ZipFile(path) as z:
-            bad = z.testzip()
-    except (zipfile.BadZipFile, EOFError) as e:
-        raise CheckpointError(f"{path} is not a checkpoint torch.save wrote, or it is cut short ({e})") from None
-    if bad is not None:
-        raise CheckpointError(f"{path} is corrupt: {bad} fails its CRC-32 check (a damaged disk or copy); "
-                              "use an intact copy")
-
-
-def _describe(obj):
-    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
-        return f"a bare state_dict ({len(obj)} tensors such as {next(iter(obj))!r})"
-    if isinstance(obj, dict):
-        return f"a dict with the keys {sorted(map(str, obj))[:8]}"
-    return f"a bare tensor of shape {tuple(obj.shape)}" if isinstance(obj, torch.Tensor) else f"a {type(obj).__name__}"
-
-
-def checkpoint_model_args(ckpt, path="the file"):
-    """A train.py checkpoint's model_args (CheckpointError, naming what path holds,
-    for anything else). Checkpoints written before pope_delta_bound existed were
-    trained with the clamp, so they get it: their delta reads as trained."""
-    if not (isinstance(ckpt, dict) and all(isinstance(ckpt.get(k), dict) for k in ("model", "model_args"))):
-        raise CheckpointError(f"{path} holds {_describe(ckpt)}, not a train.py checkpoint (a dict with the weights "
-                              "under 'model' and the model's settings under 'model_args')")
-    return {"pope_delta_bound": "clamp", **ckpt["model_args"]}
-
-
-def load_checkpoint(path, device="cpu", **overrides):
-    """Load a train.py checkpoint: (model in eval mode, checkpoint dict). overrides
-    replace GPTConfig fields (e.g. attn_impl="torch"). A damaged file is refused
-    (check_checkpoint_file), then read with weights_only=True: tensors, never code."""
-    try:
-        check_checkpoint_file(path)
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"checkpoint {path} not found; train one with train.py (it writes out_dir/ckpt.pt)") from None
-    valid = {f.name for f in fields(GPTConfig)}
-    if set(overrides) - valid:
-        raise ValueError(f"unknown GPTConfig fields {sorted(set(overrides) - valid)}; valid: {sorted(valid)}")
-    model = GPT(GPTConfig(**{**checkpoint_model_args(ckpt, path), **overrides}))
-    model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
-    return model.to(device).eval(), ckpt

@@ -39,7 +39,7 @@ from contextlib import nullcontext  # noqa: E402
 
 import torch  # noqa: E402
 
-from model import load_checkpoint
+from configurator import load_checkpoint
 from prepare.common import PrepareError, check_writable, checkpoint_error, codec, die, prepare_scripts
 
 

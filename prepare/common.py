@@ -130,11 +130,11 @@ def die(msg):
 
 def checkpoint_error(path, e):
     """One line saying why torch.load(path, weights_only=True) (or
-    model.load_checkpoint) failed with e. torch's own text for a file that needs
+    configurator.load_checkpoint) failed with e. torch's own text for a file that needs
     pickle spans lines and offers to load it with weights_only=False; here such a
     file is refused, and the line says why: loading it would run code."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
-    if type(e).__name__ == "CheckpointError":  # model.check_checkpoint_file's own line names the file
+    if type(e).__name__ == "CheckpointError":  # configurator.check_checkpoint_file's own line names the file
         return text
     if type(e).__name__ == "UnpicklingError":  # pickle's, re-raised by torch.load's weights-only unpickler
         glob = re.search(r"Unsupported global: GLOBAL (\S+)", text)

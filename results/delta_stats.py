@@ -20,7 +20,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from model import checkpoint_model_args, pope_delta  # noqa: E402
+from configurator import checkpoint_model_args  # noqa: E402
+from model import pope_delta  # noqa: E402
 
 
 def main():

@@ -27,7 +27,8 @@ sys.path.insert(0, ROOT)
 import eval_extrapolation as ex  # noqa: E402
 import train  # noqa: E402
 from helpers import run_here, script_error, script_help  # noqa: E402
-from model import GPT, GPTConfig, load_checkpoint, yarn_inv_freq  # noqa: E402
+from configurator import load_checkpoint  # noqa: E402
+from model import GPT, GPTConfig, yarn_inv_freq  # noqa: E402
 from prepare.common import Data, PrepareError, codec, read_tokens  # noqa: E402
 
 BLOCK = 32

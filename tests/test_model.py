@@ -240,7 +240,7 @@ def test_yarn_is_the_published_form(s, L0, D, low, high):
 def test_checkpoint_without_delta_bound_loads_with_the_clamp(tmp_path):
     """Checkpoints written before pope_delta_bound existed were trained with the
     clamp: they load with it, so a delta parameter above 0 keeps acting as 0."""
-    from model import load_checkpoint
+    from configurator import load_checkpoint
     model = tiny("pope").float()
     args = {f: getattr(model.config, f) for f in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size",
                                                   "pos_emb", "pope_delta_init", "attn_impl")}

@@ -142,7 +142,7 @@ def test_sample_says_a_pickle_checkpoint_is_refused_because_it_would_run_code(ck
 
 def test_sample_refuses_files_that_are_not_intact_checkpoints(ckpts, tmp_path, capsys, damage):
     """A flipped bit in the tensor data sampled with rc 0; a bare tensor or state_dict was a
-    KeyError/IndexError traceback. Each is model.CheckpointError's line, as in train.py."""
+    KeyError/IndexError traceback. Each is configurator.CheckpointError's line, as in train.py."""
     ck = torch.load(ckpts / "good.pt", weights_only=True)
     shutil.copy(ckpts / "good.pt", tmp_path / "flipped.pt")
     member = damage(tmp_path / "flipped.pt")

@@ -239,7 +239,7 @@ def test_damaged_and_foreign_checkpoints_are_refused_in_one_line(data, tmp_path,
     assert sum(a != b for a, b in zip(good, bad)) == 1
     refused(run_here(resume, tmp_path, check=False), "is corrupt", member, "CRC")
     refused(run_here(finetune, tmp_path, check=False), "is corrupt", member)
-    from model import CheckpointError, load_checkpoint  # what sample.py and the eval scripts call
+    from configurator import CheckpointError, load_checkpoint  # what sample.py and the eval scripts call
     from prepare.common import checkpoint_error
     with pytest.raises(CheckpointError, match="is corrupt"):
         load_checkpoint(str(tmp_path / "o" / "ckpt.pt"))
