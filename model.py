@@ -23,7 +23,9 @@ try:  # the fused kernel needs Triton; without it the PyTorch path below runs ev
     from pope_kernel import kernel_unsupported_reason  # (q, k, v, delta): None, or why the kernel cannot take them
 except ImportError as e:
     pope_kernel, KERNEL_MISSING = None, f"Triton is not importable: {e}"
-    kernel_unsupported_reason = lambda q, k, v, delta: KERNEL_MISSING  # noqa: E731  (train.py asks it too)
+
+    def kernel_unsupported_reason(q, k, v, delta):  # pope_kernel's own when it imports (train.py asks it too)
+        return KERNEL_MISSING
 
 TWO_PI = 2.0 * math.pi
 
