@@ -7,7 +7,9 @@ decoding (Tq = 1, q_offset = Tk - 1), lengths that are no multiple of a block,
 non-causal, D = 32 and 64, k given as mu. Every buffer the kernels must fill
 starts as NaN, and a NaN fails the check. Two backward runs must agree bitwise.
 The kernel takes model.py's frequencies, and the model trains a few steps with
-attn_impl="triton" as it does with "torch".
+attn_impl="triton" as it does with "torch". The decoding kernel (one query against
+a static cache, split over the keys) against a float64 softmax-attention reference
+at every chunk boundary.
 
 Why a subprocess: Triton reads TRITON_INTERPRET when a kernel is *decorated*,
 its own library kernels (tl.sum, tl.max, tl.sigmoid...) included, i.e. when
@@ -383,3 +385,84 @@ def test_model_trains_with_triton_attention_like_torch():
     assert tri[-1] < tri[0], tri  # it trains
     for a, b in zip(tri, ref):
         assert abs(a - b) < 1e-4 * abs(b), (tri, ref)
+
+
+# -----------------------------------------------------------------------------
+# the decoding kernel (pope_kernel.decode_attention: KVCache's one-token step)
+
+def decode_f64(q, k, v, k_cache, v_cache, pos, scale):
+    """softmax_j(scale q . key_j) over j = 0..pos, times value_j, in float64, one (batch, head) at a time:
+    keys and values are the cache's slots 0..pos-1 and the new k, v at slot pos."""
+    B, H = q.shape[:2]
+    out = torch.empty(B, H, 1, v.size(-1), dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            keys = torch.cat([k_cache[b, h, :pos], k[b, h]]).double()  # (pos + 1, Dk)
+            vals = torch.cat([v_cache[b, h, :pos], v[b, h]]).double()
+            a = scale * (keys @ q[b, h, 0].double())
+            w = torch.exp(a - a.max())
+            out[b, h, 0] = (w / w.sum()) @ vals
+    return out
+
+
+def check_decode(B, H, N, D, Dk, dtype, seed, positions, **kw):
+    """At each position: the output against decode_f64, the cache's slot pos set to k and v and
+    every other slot untouched. Slot pos and all past it start as NaN: the kernel must not read them."""
+    g = torch.Generator().manual_seed(seed)
+    scale = (0.5 + torch.rand(1, generator=g).item()) / math.sqrt(D)
+    for pos in positions:
+        what = f"seed={seed} B={B} H={H} N={N} D={D} Dk={Dk} {dtype} pos={pos} {kw}"
+        q, k = (torch.randn(B, H, 1, Dk, generator=g).to(dtype) for _ in range(2))
+        v = torch.randn(B, H, 1, D, generator=g).to(dtype)
+        kc, vc = torch.randn(B, H, N, Dk, generator=g).to(dtype), torch.randn(B, H, N, D, generator=g).to(dtype)
+        kc[:, :, pos:], vc[:, :, pos:] = float("nan"), float("nan")
+        want_k, want_v = kc.clone(), vc.clone()
+        want_k[:, :, pos], want_v[:, :, pos] = k[:, :, 0], v[:, :, 0]
+        ref = decode_f64(q, k, v, kc, vc, pos, scale)
+        out = pk.decode_attention(q, k, v, kc, vc, torch.tensor([pos]), scale, **kw)
+        assert out.shape == (B, H, 1, D) and out.dtype == dtype, f"{what}: {tuple(out.shape)} {out.dtype}"
+        assert torch.isfinite(out).all(), f"{what}: NaN/inf in the output (a slot >= pos read, or one not written)"
+        assert rel_err(out, ref) < BOUND[dtype][0], f"{what}: rel err {rel_err(out, ref):.2e}"
+        for name, got, want in (("k", kc, want_k), ("v", vc, want_v)):
+            assert torch.equal(got.nan_to_num(1e4), want.nan_to_num(1e4)), f"{what}: the {name} cache is wrong"
+
+
+@interpreted
+@pytest.mark.parametrize("D", [32, 64, 128])
+@pytest.mark.parametrize("wide", [True, False], ids=["Dk=2D", "Dk=D"])
+@pytest.mark.parametrize("dtype,seed", [(torch.float32, 30), (torch.bfloat16, 31), (torch.float16, 32)])
+def test_decoding_kernel_against_float64(D, wide, dtype, seed):
+    """PoPE's 2D-wide Cartesian keys and RoPE's D-wide ones; 16-key blocks in 3 chunks, so that
+    positions 0, 40 and 82 (N = 83) end in the first, a middle and the last chunk."""
+    check_decode(2, 2, 83, D, 2 * D if wide else D, dtype, seed + D, [0, 40, 82], splits=3, block_n=16)
+
+
+@interpreted
+@pytest.mark.parametrize("splits", [3, 5])
+def test_decoding_kernel_at_chunk_boundaries(splits):
+    """Every position where a block or a chunk starts or ends: pos a multiple of the chunk length
+    (the last chunk holds the new key alone), pos + 1 one, 1 block per chunk, then 2, then 3."""
+    check_decode(2, 1, 100, 32, 64, torch.float32, 33 + splits,
+                 [1, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 79, 80, 95, 96, 99], splits=splits, block_n=16)
+
+
+@interpreted
+def test_decoding_kernel_launch_config():
+    """The launch's own blocks and chunk count, as the model runs it: 128-key blocks of D-wide keys
+    (RoPE, D = 64), 3 chunks at N = 300, and B*H = 36: 15 chunks of 16-key blocks at N = 240."""
+    check_decode(2, 2, 300, 64, 64, torch.bfloat16, 40, [0, 127, 128, 200, 255, 256, 299])
+    check_decode(3, 12, 240, 16, 32, torch.float32, 41, [5, 239])
+
+
+@interpreted
+@pytest.mark.filterwarnings("ignore:All-NaN slice")  # (the interpreter's max over the NaN output)
+def test_decoding_kernel_past_the_cache_writes_nothing():
+    """pos >= N (a caller's bug): NaN out, the caches untouched."""
+    kc, vc = torch.randn(1, 2, 20, 64), torch.randn(1, 2, 20, 32)
+    before = kc.clone(), vc.clone()
+    q = torch.randn(1, 2, 1, 64)
+    out = pk.decode_attention(q, q, torch.randn(1, 2, 1, 32), kc, vc, torch.tensor([20]), 0.2)
+    assert out.isnan().all() and torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+    assert "D=48" in pk.decode_unsupported_reason(torch.zeros(1, 2, 8, 96), torch.zeros(1, 2, 8, 48))
+    assert "float64" in pk.decode_unsupported_reason(torch.zeros(1, 2, 8, 64, dtype=torch.float64),
+                                                     torch.zeros(1, 2, 8, 32, dtype=torch.float64))
