@@ -21,6 +21,13 @@ never passes it). Supported: CUDA (compute capability 8.0+),
 or the CPU under TRITON_INTERPRET=1 set before this module is imported; bf16,
 fp16 or fp32; head dim 32, 64 or 128. Anything else raises PopeKernelUnsupported.
 
+For model.KVCache's one-token steps, plain attention of one query per (batch,
+head) over a static cache of ready keys (any power-of-two key width: no PoPE
+math), the new key and value written at a position read on the device:
+    decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale)
+    decode_unsupported_reason(k_cache, v_cache) -> None or why not
+(section "decoding" at the end of this file).
+
 How it works (measurements behind each choice: results/kernel.md):
   * Keys go through a fused elementwise pre-pass that writes the 2D-long
     Cartesian keys kc = [mu cos, mu sin] in the input dtype (phases in

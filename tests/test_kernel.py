@@ -9,7 +9,7 @@ starts as NaN, and a NaN fails the check. Two backward runs must agree bitwise.
 The kernel takes model.py's frequencies, and the model trains a few steps with
 attn_impl="triton" as it does with "torch". The decoding kernel (one query against
 a static cache, split over the keys) against a float64 softmax-attention reference
-at every chunk boundary.
+at every chunk boundary, and generate() on it against the cache's PyTorch path.
 
 Why a subprocess: Triton reads TRITON_INTERPRET when a kernel is *decorated*,
 its own library kernels (tl.sum, tl.max, tl.sigmoid...) included, i.e. when
@@ -340,8 +340,9 @@ def test_backward_holds_one_2d_long_copy_at_a_time(monkeypatch):
 @interpreted
 def test_cached_decoding_equals_recompute_on_the_kernel():
     """generate() with attn_impl='triton': the prompt and the one-token steps run on
-    the static cache (Cartesian keys, one SDPA call, no kernel launch) and give the
-    greedy tokens of recomputing from scratch on the kernel."""
+    the static cache (Cartesian keys; SDPA for the prompt, the decoding kernel for the
+    steps, never pope_attention) and give the greedy tokens of recomputing from scratch
+    on the kernel."""
     from model import GPT, GPTConfig
     torch.manual_seed(17)
     cfg = dict(n_layer=2, n_head=2, n_embd=64, block_size=24, vocab_size=50, pope_delta_init="uniform")
@@ -466,3 +467,59 @@ def test_decoding_kernel_past_the_cache_writes_nothing():
     assert "D=48" in pk.decode_unsupported_reason(torch.zeros(1, 2, 8, 96), torch.zeros(1, 2, 8, 48))
     assert "float64" in pk.decode_unsupported_reason(torch.zeros(1, 2, 8, 64, dtype=torch.float64),
                                                      torch.zeros(1, 2, 8, 32, dtype=torch.float64))
+
+
+def tiny_float(pos_emb, attn_impl):
+    """A small float32 model (D = 32) with weights large enough that greedy tokens depend on the context."""
+    from model import GPT, GPTConfig
+    torch.manual_seed(42)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=24, vocab_size=50, pos_emb=pos_emb,
+                          pope_delta_init="uniform", attn_impl=attn_impl)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and not name.endswith("delta"):
+                p.normal_(0.0, 0.3)
+    return model
+
+
+@interpreted
+@pytest.mark.parametrize("pos_emb", ["pope", "rope"])
+def test_generate_on_the_decoding_kernel_equals_the_pytorch_path(pos_emb, monkeypatch):
+    """attn_impl="triton" runs generate()'s one-token steps on the decoding kernel (counted), "torch"
+    on the cache's PyTorch path: the same greedy tokens, prompt + 30 > context 24 (so the window
+    moves too), and the same logits at every step of a cache fed random tokens."""
+    from model import KVCache
+    calls = []
+    real = pk.decode_attention
+    monkeypatch.setattr(pk, "decode_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    models = {impl: tiny_float(pos_emb, impl) for impl in ("triton", "torch")}
+    idx = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(43))
+    out = {impl: m.generate(idx, 30, temperature=0.0, context=24) for impl, m in models.items()}
+    assert len(calls) == 2 * (24 - 5), len(calls)  # 2 layers, the steps until the context is full
+    assert torch.equal(out["triton"], out["torch"]), f"seed=42/43 {pos_emb}: {out}"
+    caches = {impl: KVCache(m, 2, 24, torch.float32) for impl, m in models.items()}
+    assert caches["triton"].kernel and not caches["torch"].kernel
+    g = torch.Generator().manual_seed(44)
+    with torch.no_grad():
+        tok = idx
+        for step in range(8):
+            logits = {impl: m(tok, cache=caches[impl])[0] for impl, m in models.items()}
+            err = rel_err(logits["triton"], logits["torch"])
+            assert err < 1e-5, f"seed=42/44 {pos_emb} step {step}: rel err {err:.2e}"
+            tok = torch.randint(0, 50, (2, 1), generator=g)
+
+
+@interpreted
+def test_the_cache_takes_the_decoding_kernel_where_it_runs():
+    """On the CPU (here under the interpreter) only with attn_impl="triton", and only for caches it takes."""
+    from model import KVCache
+    for impl, dtype, want in (("auto", torch.float32, False), ("torch", torch.float32, False),
+                              ("triton", torch.float32, True), ("triton", torch.bfloat16, True),
+                              ("triton", torch.float64, False)):
+        assert KVCache(tiny_float("pope", impl), 1, 8, dtype).kernel == want, (impl, dtype)
+
+
+@parent_only
+def test_the_cache_takes_no_kernel_on_the_cpu():
+    from model import KVCache
+    assert not KVCache(tiny_float("rope", "triton"), 1, 8, torch.float32).kernel
