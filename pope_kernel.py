@@ -889,6 +889,15 @@ def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, splits=None, b
                          f"k {tuple(k.shape)}, v {tuple(v.shape)}, pos {tuple(pos.shape)}")
     block_n = block_n or max(16, _DECODE_TILE // Dk)
     splits = splits or min(triton.cdiv(N, block_n), triton.cdiv(_DECODE_PROGRAMS, B * H))
+    # traced by torch.compile (generate's mode="compile"), the launch is one opaque op that writes the
+    # caches; run eagerly or captured in a CUDA graph, the plain function (no dispatcher in between)
+    run = _decode_op if torch.compiler.is_compiling() else _decode
+    return run(q, k, v, k_cache, v_cache, pos, float(sm_scale), splits, block_n)
+
+
+def _decode(q, k, v, k_cache, v_cache, pos, sm_scale, splits, block_n):
+    B, H, N, Dk = k_cache.shape
+    D = v_cache.size(-1)
     with _on_device(k_cache):
         out = _empty((B, H, 1, D), v_cache)
         part = _empty((B * H, splits, D + 2), v_cache, torch.float32)  # (in a CUDA graph: its pool's, once)
@@ -901,3 +910,14 @@ def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, splits=None, b
                                         HEAD_DIM=D, BLOCK_N=block_n, SPLITS_POW2=triton.next_power_of_2(splits),
                                         num_warps=4)
     return out
+
+
+@torch.library.custom_op(f"{_NS}::decode", mutates_args=("k_cache", "v_cache"))
+def _decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               pos: torch.Tensor, sm_scale: float, splits: int, block_n: int) -> torch.Tensor:
+    return _decode(q, k, v, k_cache, v_cache, pos, sm_scale, splits, block_n)
+
+
+@_decode_op.register_fake
+def _(q, k, v, k_cache, v_cache, pos, sm_scale, splits, block_n):
+    return v_cache.new_empty((*k_cache.shape[:2], 1, v_cache.size(-1)))

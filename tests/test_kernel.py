@@ -523,3 +523,25 @@ def test_the_cache_takes_the_decoding_kernel_where_it_runs():
 def test_the_cache_takes_no_kernel_on_the_cpu():
     from model import KVCache
     assert not KVCache(tiny_float("rope", "triton"), 1, 8, torch.float32).kernel
+
+
+@interpreted
+def test_a_compiled_step_runs_the_decoding_kernel_as_one_op():
+    """generate(mode="compile") compiles the one-token step with fullgraph=True (a graph break
+    raises): traced, the kernel is one custom op that writes the caches. aot_eager's steps give
+    the eager steps' tokens and caches."""
+    from model import KVCache
+    model = tiny_float("pope", "triton")
+    runs = []
+    for compiled in (False, True):
+        cache, tok = KVCache(model, 2, 16, torch.float32), torch.zeros(2, 1, dtype=torch.long)
+
+        def step():
+            tok.copy_(model(tok, cache=cache)[0][:, -1].argmax(-1, keepdim=True))
+        with torch.no_grad():
+            model(torch.randint(0, 50, (2, 4), generator=torch.Generator().manual_seed(45)), cache=cache)
+            run = torch.compile(step, fullgraph=True, backend="aot_eager") if compiled else step
+            toks = [run() or tok.clone() for _ in range(5)]
+        runs.append((torch.cat(toks, 1), cache.k + cache.v))
+    assert torch.equal(runs[0][0], runs[1][0]), f"seed=42/45: {runs[0][0].tolist()} != {runs[1][0].tolist()}"
+    assert all(rel_err(a, b) < 1e-6 for a, b in zip(runs[0][1], runs[1][1]))
