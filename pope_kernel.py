@@ -724,14 +724,20 @@ def kernel_unsupported_reason(q, k, v, delta):
         return f"got head dim {q.size(-1)}; {_SUPPORTED}"
     if q.size(2) == 0 or k.size(2) == 0 or q.size(0) * q.size(1) == 0:
         return f"got an empty input {tuple(q.shape)}, {tuple(k.shape)}; {_SUPPORTED}"
-    if dev.type == "cuda" and not _INTERPRET and torch.version.hip is None and not torch.compiler.is_compiling():
-        idx = dev.index if dev.index is not None else torch.cuda.current_device()
-        if idx not in _CAPABILITY:
-            _CAPABILITY[idx] = torch.cuda.get_device_capability(idx)
-        if _CAPABILITY[idx] < (8, 0):
-            return (f"the GPU has compute capability {_CAPABILITY[idx]}, the kernel needs 8.0 or newer "
-                    f"(Ampere, Ada, Hopper); {_SUPPORTED}")
+    if _capability(dev) < (8, 0):
+        return (f"the GPU has compute capability {_capability(dev)}, the kernel needs 8.0 or newer "
+                f"(Ampere, Ada, Hopper); {_SUPPORTED}")
     return None
+
+
+def _capability(dev):
+    """A CUDA device's compute capability, asked once; (99, 0) where there is none to ask (CPU, ROCm, tracing)."""
+    if dev.type != "cuda" or _INTERPRET or torch.version.hip is not None or torch.compiler.is_compiling():
+        return (99, 0)
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    if idx not in _CAPABILITY:
+        _CAPABILITY[idx] = torch.cuda.get_device_capability(idx)
+    return _CAPABILITY[idx]
 
 
 def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offset=0, k_is_mu=False):
@@ -870,6 +876,8 @@ def decode_unsupported_reason(k_cache, v_cache):
     D, Dk = v_cache.size(-1), k_cache.size(-1)
     if not (_pow2(D) and _pow2(Dk) and 16 <= D <= 256 and Dk <= 512):
         return f"got D={D}, Dk={Dk}; {supported}"
+    if _capability(dev) < (8, 0):  # (as pope_attention: the GPUs it was built and checked for)
+        return f"the GPU has compute capability {_capability(dev)}; the decoding kernel needs 8.0 or newer"
     return None
 
 

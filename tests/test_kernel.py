@@ -457,8 +457,9 @@ def test_decoding_kernel_launch_config():
 
 @interpreted
 @pytest.mark.filterwarnings("ignore:All-NaN slice")  # (the interpreter's max over the NaN output)
-def test_decoding_kernel_past_the_cache_writes_nothing():
-    """pos >= N (a caller's bug): NaN out, the caches untouched."""
+def test_decoding_kernel_past_the_cache_writes_nothing(monkeypatch):
+    """pos >= N (a caller's bug): NaN out, the caches untouched. Caches it does not take, and
+    GPUs older than Ampere, are refused with a reason."""
     kc, vc = torch.randn(1, 2, 20, 64), torch.randn(1, 2, 20, 32)
     before = kc.clone(), vc.clone()
     q = torch.randn(1, 2, 1, 64)
@@ -467,6 +468,9 @@ def test_decoding_kernel_past_the_cache_writes_nothing():
     assert "D=48" in pk.decode_unsupported_reason(torch.zeros(1, 2, 8, 96), torch.zeros(1, 2, 8, 48))
     assert "float64" in pk.decode_unsupported_reason(torch.zeros(1, 2, 8, 64, dtype=torch.float64),
                                                      torch.zeros(1, 2, 8, 32, dtype=torch.float64))
+    assert pk.decode_unsupported_reason(kc, vc) is None
+    monkeypatch.setattr(pk, "_capability", lambda dev: (7, 5))
+    assert "capability (7, 5)" in pk.decode_unsupported_reason(kc, vc)
 
 
 def tiny_float(pos_emb, attn_impl):
