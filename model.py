@@ -284,8 +284,8 @@ class CausalSelfAttention(nn.Module):
             y = pope_kernel.pope_attention(q, k, v, delta, pope_frequencies(self.head_dim, self.pope_base, q.device)) \
                 if kernel else pope_attention_torch(q, k, v, delta, base=self.pope_base)
         else:  # one attention call; with a cache, over the slots up to each query (KVCache.attend)
-            if cache is not None and self.pos_emb != "none":  # q and k stacked, turned by one set of kernels; PoPE:
-                rot, qk = cache.rotation[self.layer_idx], torch.stack([q, k])  # pope_attention_torch's Cartesian form
+            if cache is not None and self.pos_emb != "none":  # q and k stacked: one set of kernels turns both
+                rot, qk = cache.rotation[self.layer_idx], torch.stack([q, k])  # PoPE: pope_attention_torch's Cartesian
                 q, k = pope_cartesian(qk, rot).to(v.dtype) if self.pos_emb == "pope" else apply_rope(qk, *rot)
             elif self.pos_emb == "rope":
                 rot = rope_cos_sin(self.inv_freq, torch.arange(T, device=x.device))

@@ -786,7 +786,8 @@ def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART,
                          skb, skh, skt, skd, svb, svh, svt, svd,
                          H, N, SPLITS, qk_scale,
                          KEY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Program (split, bh): keys [lo, hi) of pos's chunks, PART[bh, split] = (acc, max, sum)."""
+    """Program (split, bh): chunk `split` of (batch, head) bh's keys 0..pos -> PART[bh, split] = (acc, max, sum),
+    the max and sum of exp2(scores - max) in log2 units (qk_scale holds sm_scale * log2(e))."""
     split = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
