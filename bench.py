@@ -4,7 +4,8 @@ Benchmarks and GPU checks for the PoPE kernel and the model.
 Usage:
     python bench.py kernel     # PoPE kernel vs PyTorch path, RoPE+SDPA, SDPA d=128 (fwd, fwd+bwd eager and graphed)
     python bench.py check      # kernel forward + 4 gradients vs float64 on the GPU, bitwise determinism;
-                               # graphed greedy decoding equals eager decoding token for token;
+                               # the decoding kernel vs float64 at context 8k; graphed greedy decoding
+                               # equals eager decoding token for token;
                                # 20 train.py steps as a CUDA graph give the eager steps' losses
     python bench.py train      # 124M training step, PoPE (kernel / PyTorch path) vs RoPE, compiled
     python bench.py sample     # decoding tok/s, 124M, PoPE vs RoPE, batch 1 and 8, context 1k and 8k:
@@ -241,16 +242,40 @@ def random_gpt(pos_emb, block_size, std=0.1, **kw):
     return model
 
 
-def decode_check():
-    """Greedy decoding on a CUDA graph (and compiled) against eager decoding, bf16
-    autocast: the same tokens, token for token. Positions run past block_size
-    (context 2x) and past the context (each token from the last `context`
-    tokens). Sampling on the graph draws only real ids."""
-    header("decoding: CUDA graph vs eager, greedy, bf16 autocast")
+def decode_kernel_check():
+    """pope_kernel.decode_attention, the one-token step's attention, at the 124M model's shapes
+    (12 heads; PoPE's 128-wide keys, RoPE's 64), context 8192, bf16, against float64: slot 0, a
+    first chunk, the middle, the last slot. True when every relative error is < 1e-2."""
     ok = True
+    for B, Dk in ((1, 128), (8, 64)):
+        g = torch.Generator("cuda").manual_seed(Dk)
+        kc, vc = (torch.randn(B, 12, 8192, d, device="cuda", generator=g).bfloat16() for d in (Dk, 64))
+        errs = []
+        for pos in (0, 100, 5000, 8191):
+            q, k, v = (torch.randn(B, 12, 1, d, device="cuda", generator=g).bfloat16() for d in (Dk, Dk, 64))
+            keys, vals = torch.cat([kc[:, :, :pos], k], 2).double(), torch.cat([vc[:, :, :pos], v], 2).double()
+            ref = torch.softmax(q.double() @ keys.mT * 0.125, -1) @ vals
+            errs.append(rel(pk.decode_attention(q, k, v, kc, vc, torch.tensor([pos], device="cuda"), 0.125), ref))
+        good = max(errs) < 1e-2 and torch.equal(kc[:, :, 8191], k[:, :, 0]) and torch.equal(vc[:, :, 8191], v[:, :, 0])
+        ok &= good
+        print(f"{'ok ' if good else 'BAD'} decode_attention B={B} H=12 N=8192 Dk={Dk} D=64 bf16 vs float64 at "
+              f"pos 0, 100, 5000, 8191: rel err {', '.join(f'{e:.1e}' for e in errs)}; new k, v written", flush=True)
+    return ok
+
+
+def decode_check():
+    """The decoding kernel against float64 (decode_kernel_check), then greedy decoding on a
+    CUDA graph (and compiled) against eager decoding, bf16 autocast, both on that kernel: the
+    same tokens, token for token. Positions run past block_size (context 2x) and past the context
+    (each token from the last `context` tokens). Sampling on the graph draws only real ids."""
+    header("decoding: the one-token kernel; CUDA graph vs eager, greedy, bf16 autocast")
+    ok = decode_kernel_check()
     for pos_emb in ("pope", "rope"):
         # std 0.3: at 0.1 PoPE's greedy bf16 output fell into a 3-id loop (H200, 2026-12-01), too weak a check
         model = random_gpt(pos_emb, 128, std=0.3, n_layer=4, n_head=4, n_embd=256, vocab_size=512)
+        if not model_lib.KVCache(model, 1, 256, torch.bfloat16).kernel:
+            print(f"BAD {pos_emb}: the cache does not take pope_kernel's decoding kernel", flush=True)
+            ok = False
         for B in (1, 4):
             prompt = torch.randint(0, 500, (B, 100), device="cuda", generator=torch.Generator("cuda").manual_seed(B))
             with torch.autocast("cuda", torch.bfloat16):

@@ -190,21 +190,20 @@ def use_pope_kernel(attn_impl, q, k, v, delta):
 
 
 class KVCache:
-    """generate()'s static cache of `context` slots per layer. A forward of T tokens writes its
-    keys and values at positions pos..pos+T-1 and attends over every slot, those past each query
-    masked; pos, a tensor, advances in place, so a one-token step can be replayed as a CUDA graph.
-    Keys are kept ready to use: RoPE's rotated, PoPE's Cartesian, 3 n_embd numbers per token and
-    layer (RoPE 2). It reads the frequencies and bounded deltas once: keep the weights meanwhile."""
+    """generate()'s static cache of `context` slots per layer. A forward of T tokens writes its keys and values at
+    positions pos..pos+T-1 and attends over the slots up to each; pos, a tensor, advances in place, so a one-token step
+    can be replayed as a CUDA graph. Keys are kept ready to use: RoPE's rotated, PoPE's Cartesian, 3 n_embd numbers per
+    token and layer (RoPE 2). It reads theta and the bounded deltas once: keep the weights meanwhile."""
 
     def __init__(self, model, B, context, dtype):
         cfg, device, attns = model.config, model.lm_head.weight.device, [b.attn for b in model.transformer.h]
-        H, D = cfg.n_head, cfg.n_embd // cfg.n_head
-        Dk = 2 * D if cfg.pos_emb == "pope" else D
+        H, D, Dk = cfg.n_head, cfg.n_embd // cfg.n_head, cfg.n_embd // cfg.n_head * (2 if cfg.pos_emb == "pope" else 1)
         self.k = [torch.zeros(B, H, context, Dk, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
         self.v = [torch.zeros(B, H, context, D, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
-        self.slots = torch.arange(context, device=device)
-        self.pos = torch.zeros((), dtype=torch.long, device=device)
+        self.slots, self.pos = torch.arange(context, device=device), torch.zeros((), dtype=torch.long, device=device)
         self.pos_emb, self.dtype = cfg.pos_emb, dtype
+        why = pope_kernel.decode_unsupported_reason(self.k[0], self.v[0]) if pope_kernel else KERNEL_IMPORT_ERROR
+        self.kernel = why is None and (cfg.attn_impl == "triton" or cfg.attn_impl == "auto" and device.type == "cuda")
         if cfg.pos_emb == "pope":  # in the dtype pope_cartesian computes in
             self.theta = pope_frequencies(D, cfg.pope_base, device, torch.promote_types(dtype, torch.float32))
             self.delta = torch.stack([pope_delta(a.delta, a.delta_bound) for a in attns]).to(self.theta.dtype)
@@ -213,21 +212,23 @@ class KVCache:
 
     def start(self, T):  # GPT.forward's: the positions of its T tokens, the slots each sees, what turns q and k
         self.positions = self.pos + self.slots[:T]
-        self.bias = torch.where(self.slots > self.positions[:, None], -math.inf, 0.0).to(self.dtype)  # (T, context)
-        if self.pos_emb == "pope":  # per layer: the queries' (T, 2, D) and the layer's keys' (H, T, 2, D)
-            rq = pope_cos_sin(self.positions, self.theta)
-            self.rotation = [(rq, rk) for rk in pope_cos_sin(self.positions, self.theta, self.delta)]
+        if T > 1 or not self.kernel:  # (T, context): the mask of every slot past each query
+            self.bias = torch.where(self.slots > self.positions[:, None], -math.inf, 0.0).to(self.dtype)
+        if self.pos_emb == "pope":  # per layer, for q and k stacked: the queries' (T, 2, D) and the keys' (H, T, 2, D)
+            rk = pope_cos_sin(self.positions, self.theta, self.delta)  # (L, H, T, 2, D)
+            self.rotation = torch.stack([pope_cos_sin(self.positions, self.theta).expand_as(rk), rk], 1)[:, :, None]
         if self.pos_emb == "rope":  # per layer: the layer's cos and sin, (T, D) each
             self.rotation = list(zip(*(r.to(self.dtype) for r in rope_cos_sin(self.inv_freq, self.positions))))
         self.pos += T
 
-    def attend(self, layer, q, k, v, scale):  # writes k and v at these positions, attends over all slots
+    def attend(self, layer, q, k, v, scale):  # writes k and v at these positions, attends over the slots up to each
+        if q.size(2) == 1 and self.kernel:  # one token: 2 kernels, which write k and v too and read slots 0..pos only
+            return pope_kernel.decode_attention(q, k, v, self.k[layer], self.v[layer], self.positions, scale)
         k = self.k[layer].index_copy_(2, self.positions, k)  # (index_copy_ returns the whole cache)
         v = self.v[layer].index_copy_(2, self.positions, v)
         if q.size(2) > 1:  # a prefill: SDPA picks a fused kernel that takes the mask
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias, scale=scale)
-        # one token: 4 kernels (SDPA's math backend, its only fast one here, runs ~10 and scales a copy of all keys);
-        # bias + scale q k^T in one matmul, the softmax in the cache's dtype (autocast's would be float32)
+        # one token, the reference: 4 kernels (SDPA's math: ~10), bias + scale q k^T in one, softmax in the cache dtype
         att = torch.baddbmm(self.bias, q.flatten(0, 1), k.flatten(0, 1).mT, alpha=scale)
         return torch.bmm(att.softmax(-1, dtype=att.dtype), v.flatten(0, 1)).view(*q.shape[:3], -1)
 
@@ -267,13 +268,12 @@ class CausalSelfAttention(nn.Module):
                 warnings.warn(f"PoPE Triton kernel not used ({why}); running the PyTorch path of model.py")
             y = pope_kernel.pope_attention(q, k, v, delta, pope_frequencies(self.head_dim, self.pope_base, q.device)) \
                 if kernel else pope_attention_torch(q, k, v, delta, base=self.pope_base)
-        else:  # one attention call; with a cache, over all its slots, those past each query masked
-            if self.pos_emb == "pope":  # pope_attention_torch's Cartesian q and k; the cache keeps the keys' form
-                rq, rk = cache.rotation[self.layer_idx]  # (KVCache.start makes those of all layers at once)
-                q, k = pope_cartesian(q, rq).to(v.dtype), pope_cartesian(k, rk).to(v.dtype)
+        else:  # one attention call; with a cache, over the slots up to each query (KVCache.attend)
+            if cache is not None and self.pos_emb != "none":  # q and k stacked: one set of kernels turns both
+                rot, qk = cache.rotation[self.layer_idx], torch.stack([q, k])  # PoPE: pope_attention_torch's Cartesian
+                q, k = pope_cartesian(qk, rot).to(v.dtype) if self.pos_emb == "pope" else apply_rope(qk, *rot)
             elif self.pos_emb == "rope":
-                rot = rope_cos_sin(self.inv_freq, torch.arange(T, device=x.device)) if cache is None else \
-                    cache.rotation[self.layer_idx]
+                rot = rope_cos_sin(self.inv_freq, torch.arange(T, device=x.device))
                 q, k = apply_rope(q, *rot), apply_rope(k, *rot)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale) if cache is None else \
                 cache.attend(self.layer_idx, q, k, v, self.scale)

@@ -21,6 +21,13 @@ never passes it). Supported: CUDA (compute capability 8.0+),
 or the CPU under TRITON_INTERPRET=1 set before this module is imported; bf16,
 fp16 or fp32; head dim 32, 64 or 128. Anything else raises PopeKernelUnsupported.
 
+For model.KVCache's one-token steps, plain attention of one query per (batch,
+head) over a static cache of ready keys (any power-of-two key width: no PoPE
+math), the new key and value written at a position read on the device:
+    decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale)
+    decode_unsupported_reason(k_cache, v_cache) -> None or why not
+(section "decoding" at the end of this file).
+
 How it works (measurements behind each choice: results/kernel.md):
   * Keys go through a fused elementwise pre-pass that writes the 2D-long
     Cartesian keys kc = [mu cos, mu sin] in the input dtype (phases in
@@ -717,14 +724,20 @@ def kernel_unsupported_reason(q, k, v, delta):
         return f"got head dim {q.size(-1)}; {_SUPPORTED}"
     if q.size(2) == 0 or k.size(2) == 0 or q.size(0) * q.size(1) == 0:
         return f"got an empty input {tuple(q.shape)}, {tuple(k.shape)}; {_SUPPORTED}"
-    if dev.type == "cuda" and not _INTERPRET and torch.version.hip is None and not torch.compiler.is_compiling():
-        idx = dev.index if dev.index is not None else torch.cuda.current_device()
-        if idx not in _CAPABILITY:
-            _CAPABILITY[idx] = torch.cuda.get_device_capability(idx)
-        if _CAPABILITY[idx] < (8, 0):
-            return (f"the GPU has compute capability {_CAPABILITY[idx]}, the kernel needs 8.0 or newer "
-                    f"(Ampere, Ada, Hopper); {_SUPPORTED}")
+    if _capability(dev) < (8, 0):
+        return (f"the GPU has compute capability {_capability(dev)}, the kernel needs 8.0 or newer "
+                f"(Ampere, Ada, Hopper); {_SUPPORTED}")
     return None
+
+
+def _capability(dev):
+    """A CUDA device's compute capability, asked once; (99, 0) where there is none to ask (CPU, ROCm, tracing)."""
+    if dev.type != "cuda" or _INTERPRET or torch.version.hip is not None or torch.compiler.is_compiling():
+        return (99, 0)
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    if idx not in _CAPABILITY:
+        _CAPABILITY[idx] = torch.cuda.get_device_capability(idx)
+    return _CAPABILITY[idx]
 
 
 def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offset=0, k_is_mu=False):
@@ -746,3 +759,174 @@ def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offse
     theta = theta.to(q.device, torch.float32).contiguous()
     tune = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, delta))
     return _fwd_op(q, k, v, delta, theta, bool(causal), float(sm_scale), int(q_offset), bool(k_is_mu), tune)[0]
+
+
+# -----------------------------------------------------------------------------
+# decoding: one query per (batch, head) against a static KV cache (model.KVCache's one-token step)
+#
+# Plain softmax attention over keys that are ready to use (PoPE's Cartesian 2D-wide keys, RoPE's
+# rotated D-wide ones: any power-of-two width), split over the key axis as flash-decoding does:
+# at batch 1 there are only H (batch, head) pairs, too few to keep a GPU's memory system busy, so
+# each pair's keys 0..pos are cut into `splits` chunks, one program each, which write a partial
+# (max, sum, accumulator); a second kernel merges them. The position is read from a device tensor,
+# and the chunks are cut from it on the device, so a CUDA graph replays the step at every position
+# without a host sync, and slots past pos are never read. The split program that holds slot pos
+# also writes the new key and value there (no index_copy_ launches); it attends to the new key
+# from registers and no program reads slot pos from memory, so the write cannot race a read.
+
+_DECODE_PROGRAMS = 512  # split programs to aim for: ~4 per SM of an H100/H200 (132 SMs)
+_DECODE_TILE = 8192  # elements of one key tile (BLOCK_N keys x key width): 16 KB of bf16 in flight
+#   per iteration, 64 float32 registers a thread at 4 warps. One fixed config (no autotuning): a
+#   CUDA graph captures whatever is launched, and the step is bound by reading the cache.
+
+
+@triton.jit
+def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART,
+                         sqb, sqh, sqd, sknb, sknh, sknd, svnb, svnh, svnd,
+                         skb, skh, skt, skd, svb, svh, svt, svd,
+                         H, N, SPLITS, qk_scale,
+                         KEY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Program (split, bh): chunk `split` of (batch, head) bh's keys 0..pos -> PART[bh, split] = (acc, max, sum),
+    the max and sum of exp2(scores - max) in log2 units (qk_scale holds sm_scale * log2(e))."""
+    split = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    pos = tl.load(POS)
+    per = tl.cdiv(tl.cdiv(pos + 1, BLOCK_N), SPLITS) * BLOCK_N  # keys per chunk, whole blocks
+    lo = split * per
+    hi = tl.minimum(lo + per, pos + 1)
+    if (lo < hi) & (pos < N):  # chunks past pos do nothing (the reduce skips them); pos >= N: nothing at all
+        offs_k = tl.arange(0, KEY_DIM)
+        offs_d = tl.arange(0, HEAD_DIM)
+        q = tl.load(Q + b * sqb + h * sqh + offs_k * sqd).to(tl.float32) * qk_scale
+        KC += b * skb + h * skh
+        VC += b * svb + h * svh
+        m = float("-inf")
+        l = 0.0
+        acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+        old = tl.minimum(hi, pos)  # the cached keys, [lo, old): every block holds one at least
+        lo_hi = _loop_bounds(lo, old)
+        for start in range(lo_hi[0], lo_hi[1], BLOCK_N):
+            offs = start + tl.arange(0, BLOCK_N)
+            ok = offs < old
+            k = tl.load(KC + offs[:, None] * skt + offs_k[None, :] * skd, mask=ok[:, None], other=0.0)
+            s = tl.where(ok, tl.sum(k.to(tl.float32) * q[None, :], 1), float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 0))
+            p = tl.math.exp2(s - m_new)
+            alpha = tl.math.exp2(m - m_new)
+            v = tl.load(VC + offs[:, None] * svt + offs_d[None, :] * svd, mask=ok[:, None], other=0.0)
+            acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
+            l = l * alpha + tl.sum(p, 0)
+            m = m_new
+        if hi == pos + 1:  # the chunk of slot pos: the new key and value, rounded to the cache's dtype
+            kn = _cast(tl.load(KN + b * sknb + h * sknh + offs_k * sknd).to(tl.float32), KC.dtype.element_ty)
+            vn = _cast(tl.load(VN + b * svnb + h * svnh + offs_d * svnd).to(tl.float32), VC.dtype.element_ty)
+            tl.store(KC + pos * skt + offs_k * skd, kn)
+            tl.store(VC + pos * svt + offs_d * svd, vn)
+            s = tl.sum(kn.to(tl.float32) * q, 0)
+            m_new = tl.maximum(m, s)
+            p = tl.math.exp2(s - m_new)
+            alpha = tl.math.exp2(m - m_new)
+            acc = acc * alpha + p * vn.to(tl.float32)
+            l = l * alpha + p
+            m = m_new
+        part = PART + (bh * SPLITS + split) * (HEAD_DIM + 2)
+        tl.store(part + offs_d, acc)
+        tl.store(part + HEAD_DIM, m)
+        tl.store(part + HEAD_DIM + 1, l)
+
+
+@triton.jit
+def _decode_reduce_kernel(PART, O, POS, sob, soh, sod, H, N, SPLITS,
+                          HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS_POW2: tl.constexpr):
+    """Program bh: O[b, h, 0] = the split programs' partials merged (those that ran, as they cut them)."""
+    bh = tl.program_id(0).to(tl.int64)
+    pos = tl.load(POS)
+    nblk = tl.cdiv(tl.minimum(pos, N - 1) + 1, BLOCK_N)  # (pos >= N: the output is NaN)
+    ran = tl.cdiv(nblk, tl.cdiv(nblk, SPLITS))
+    offs_s = tl.arange(0, SPLITS_POW2)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ok = offs_s < ran
+    part = PART + (bh * SPLITS + offs_s) * (HEAD_DIM + 2)
+    m = tl.load(part + HEAD_DIM, mask=ok, other=float("-inf"))
+    l = tl.load(part + HEAD_DIM + 1, mask=ok, other=0.0)
+    acc = tl.load(part[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
+    w = tl.math.exp2(m - tl.max(m, 0))  # split 0 always ran: the max is finite; skipped ones weigh 0
+    out = tl.sum(w[:, None] * acc, 0) / tl.sum(w * l, 0)
+    out = tl.where(pos < N, out, float("nan"))
+    tl.store(O + (bh // H) * sob + (bh % H) * soh + offs_d * sod, _cast(out, O.dtype.element_ty))
+
+
+def _pow2(n):
+    return n > 0 and n & (n - 1) == 0
+
+
+def decode_unsupported_reason(k_cache, v_cache):
+    """None if decode_attention takes caches like these, else why not (one sentence)."""
+    supported = ("the decoding kernel takes CUDA caches (or CPU ones under TRITON_INTERPRET=1), (B, H, N, Dk) "
+                 "keys and (B, H, N, D) values of one dtype among bfloat16, float16 and float32, D and Dk "
+                 "powers of two, 16 <= D <= 256, Dk <= 512")
+    if k_cache.dim() != 4 or v_cache.dim() != 4 or k_cache.shape[:3] != v_cache.shape[:3]:
+        return f"got caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)}; {supported}"
+    dev = k_cache.device
+    if v_cache.device != dev or dev.type not in ("cpu", "cuda") or dev.type == "cpu" and not _INTERPRET:
+        return f"got {dev.type} / {v_cache.device.type} tensors; {supported}"
+    if k_cache.dtype not in (torch.bfloat16, torch.float16, torch.float32) or v_cache.dtype != k_cache.dtype:
+        return f"got {k_cache.dtype} / {v_cache.dtype}; {supported}"
+    D, Dk = v_cache.size(-1), k_cache.size(-1)
+    if not (_pow2(D) and _pow2(Dk) and 16 <= D <= 256 and Dk <= 512):
+        return f"got D={D}, Dk={Dk}; {supported}"
+    if _capability(dev) < (8, 0):  # (as pope_attention: the GPUs it was built and checked for)
+        return f"the GPU has compute capability {_capability(dev)}; the decoding kernel needs 8.0 or newer"
+    return None
+
+
+def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, splits=None, block_n=None):
+    """One query per (batch, head) over a static cache, the new key and value written at slot pos:
+    k_cache[:, :, pos] = k, v_cache[:, :, pos] = v, then softmax(sm_scale q k_cache[..., :pos+1]^T)
+    v_cache[..., :pos+1], the softmax in float32. q, k (B, H, 1, Dk) and v (B, H, 1, D), any strides;
+    k_cache (B, H, N, Dk) and v_cache (B, H, N, D) as decode_unsupported_reason accepts them; pos a
+    one-element integer tensor on their device (read there: no host sync, CUDA-graph safe), 0 <= pos
+    < N (past N nothing is written and the output is NaN). Returns (B, H, 1, D) in the cache dtype.
+    splits and block_n (a power of two >= 16) override the launch's (tests: many chunks at small N)."""
+    B, H, N, Dk = k_cache.shape
+    D = v_cache.size(-1)
+    if q.shape != (B, H, 1, Dk) or k.shape != (B, H, 1, Dk) or v.shape != (B, H, 1, D) or pos.numel() != 1:
+        raise ValueError(f"need q, k (B={B}, H={H}, 1, {Dk}), v (.., 1, {D}), one pos for caches "
+                         f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}; got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}, pos {tuple(pos.shape)}")
+    block_n = block_n or max(16, _DECODE_TILE // Dk)
+    splits = splits or min(triton.cdiv(N, block_n), triton.cdiv(_DECODE_PROGRAMS, B * H))
+    # traced by torch.compile (generate's mode="compile"), the launch is one opaque op that writes the
+    # caches; run eagerly or captured in a CUDA graph, the plain function (no dispatcher in between)
+    run = _decode_op if torch.compiler.is_compiling() else _decode
+    return run(q, k, v, k_cache, v_cache, pos, float(sm_scale), splits, block_n)
+
+
+def _decode(q, k, v, k_cache, v_cache, pos, sm_scale, splits, block_n):
+    B, H, N, Dk = k_cache.shape
+    D = v_cache.size(-1)
+    with _on_device(k_cache):
+        out = _empty((B, H, 1, D), v_cache)
+        part = _empty((B * H, splits, D + 2), v_cache, torch.float32)  # (in a CUDA graph: its pool's, once)
+        _decode_split_kernel[(splits, B * H)](
+            q, k, v, k_cache, v_cache, pos, part, q.stride(0), q.stride(1), q.stride(3),
+            k.stride(0), k.stride(1), k.stride(3), v.stride(0), v.stride(1), v.stride(3),
+            *k_cache.stride(), *v_cache.stride(), H, N, splits, sm_scale * 1.4426950408889634,
+            KEY_DIM=Dk, HEAD_DIM=D, BLOCK_N=block_n, num_warps=4)
+        _decode_reduce_kernel[(B * H,)](part, out, pos, out.stride(0), out.stride(1), out.stride(3), H, N, splits,
+                                        HEAD_DIM=D, BLOCK_N=block_n, SPLITS_POW2=triton.next_power_of_2(splits),
+                                        num_warps=4)
+    return out
+
+
+@torch.library.custom_op(f"{_NS}::decode", mutates_args=("k_cache", "v_cache"))
+def _decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               pos: torch.Tensor, sm_scale: float, splits: int, block_n: int) -> torch.Tensor:
+    return _decode(q, k, v, k_cache, v_cache, pos, sm_scale, splits, block_n)
+
+
+@_decode_op.register_fake
+def _(q, k, v, k_cache, v_cache, pos, sm_scale, splits, block_n):
+    return v_cache.new_empty((*k_cache.shape[:2], 1, v_cache.size(-1)))

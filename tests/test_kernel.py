@@ -7,7 +7,9 @@ decoding (Tq = 1, q_offset = Tk - 1), lengths that are no multiple of a block,
 non-causal, D = 32 and 64, k given as mu. Every buffer the kernels must fill
 starts as NaN, and a NaN fails the check. Two backward runs must agree bitwise.
 The kernel takes model.py's frequencies, and the model trains a few steps with
-attn_impl="triton" as it does with "torch".
+attn_impl="triton" as it does with "torch". The decoding kernel (one query against
+a static cache, split over the keys) against a float64 softmax-attention reference
+at every chunk boundary, and generate() on it against the cache's PyTorch path.
 
 Why a subprocess: Triton reads TRITON_INTERPRET when a kernel is *decorated*,
 its own library kernels (tl.sum, tl.max, tl.sigmoid...) included, i.e. when
@@ -338,8 +340,9 @@ def test_backward_holds_one_2d_long_copy_at_a_time(monkeypatch):
 @interpreted
 def test_cached_decoding_equals_recompute_on_the_kernel():
     """generate() with attn_impl='triton': the prompt and the one-token steps run on
-    the static cache (Cartesian keys, one SDPA call, no kernel launch) and give the
-    greedy tokens of recomputing from scratch on the kernel."""
+    the static cache (Cartesian keys; SDPA for the prompt, the decoding kernel for the
+    steps, never pope_attention) and give the greedy tokens of recomputing from scratch
+    on the kernel."""
     from model import GPT, GPTConfig
     torch.manual_seed(17)
     cfg = dict(n_layer=2, n_head=2, n_embd=64, block_size=24, vocab_size=50, pope_delta_init="uniform")
@@ -383,3 +386,166 @@ def test_model_trains_with_triton_attention_like_torch():
     assert tri[-1] < tri[0], tri  # it trains
     for a, b in zip(tri, ref):
         assert abs(a - b) < 1e-4 * abs(b), (tri, ref)
+
+
+# -----------------------------------------------------------------------------
+# the decoding kernel (pope_kernel.decode_attention: KVCache's one-token step)
+
+def decode_f64(q, k, v, k_cache, v_cache, pos, scale):
+    """softmax_j(scale q . key_j) over j = 0..pos, times value_j, in float64, one (batch, head) at a time:
+    keys and values are the cache's slots 0..pos-1 and the new k, v at slot pos."""
+    B, H = q.shape[:2]
+    out = torch.empty(B, H, 1, v.size(-1), dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            keys = torch.cat([k_cache[b, h, :pos], k[b, h]]).double()  # (pos + 1, Dk)
+            vals = torch.cat([v_cache[b, h, :pos], v[b, h]]).double()
+            a = scale * (keys @ q[b, h, 0].double())
+            w = torch.exp(a - a.max())
+            out[b, h, 0] = (w / w.sum()) @ vals
+    return out
+
+
+def check_decode(B, H, N, D, Dk, dtype, seed, positions, **kw):
+    """At each position: the output against decode_f64, the cache's slot pos set to k and v and
+    every other slot untouched. Slot pos and all past it start as NaN: the kernel must not read them."""
+    g = torch.Generator().manual_seed(seed)
+    scale = (0.5 + torch.rand(1, generator=g).item()) / math.sqrt(D)
+    for pos in positions:
+        what = f"seed={seed} B={B} H={H} N={N} D={D} Dk={Dk} {dtype} pos={pos} {kw}"
+        q, k = (torch.randn(B, H, 1, Dk, generator=g).to(dtype) for _ in range(2))
+        v = torch.randn(B, H, 1, D, generator=g).to(dtype)
+        kc, vc = torch.randn(B, H, N, Dk, generator=g).to(dtype), torch.randn(B, H, N, D, generator=g).to(dtype)
+        kc[:, :, pos:], vc[:, :, pos:] = float("nan"), float("nan")
+        want_k, want_v = kc.clone(), vc.clone()
+        want_k[:, :, pos], want_v[:, :, pos] = k[:, :, 0], v[:, :, 0]
+        ref = decode_f64(q, k, v, kc, vc, pos, scale)
+        out = pk.decode_attention(q, k, v, kc, vc, torch.tensor([pos]), scale, **kw)
+        assert out.shape == (B, H, 1, D) and out.dtype == dtype, f"{what}: {tuple(out.shape)} {out.dtype}"
+        assert torch.isfinite(out).all(), f"{what}: NaN/inf in the output (a slot >= pos read, or one not written)"
+        assert rel_err(out, ref) < BOUND[dtype][0], f"{what}: rel err {rel_err(out, ref):.2e}"
+        for name, got, want in (("k", kc, want_k), ("v", vc, want_v)):
+            assert torch.equal(got.nan_to_num(1e4), want.nan_to_num(1e4)), f"{what}: the {name} cache is wrong"
+
+
+@interpreted
+@pytest.mark.parametrize("D", [32, 64, 128])
+@pytest.mark.parametrize("wide", [True, False], ids=["Dk=2D", "Dk=D"])
+@pytest.mark.parametrize("dtype,seed", [(torch.float32, 30), (torch.bfloat16, 31), (torch.float16, 32)])
+def test_decoding_kernel_against_float64(D, wide, dtype, seed):
+    """PoPE's 2D-wide Cartesian keys and RoPE's D-wide ones; 16-key blocks in 3 chunks, so that
+    positions 0, 40 and 82 (N = 83) end in the first, a middle and the last chunk."""
+    check_decode(2, 2, 83, D, 2 * D if wide else D, dtype, seed + D, [0, 40, 82], splits=3, block_n=16)
+
+
+@interpreted
+@pytest.mark.parametrize("splits", [3, 5])
+def test_decoding_kernel_at_chunk_boundaries(splits):
+    """Every position where a block or a chunk starts or ends: pos a multiple of the chunk length
+    (the last chunk holds the new key alone), pos + 1 one, 1 block per chunk, then 2, then 3."""
+    check_decode(2, 1, 100, 32, 64, torch.float32, 33 + splits,
+                 [1, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 79, 80, 95, 96, 99], splits=splits, block_n=16)
+
+
+@interpreted
+def test_decoding_kernel_launch_config():
+    """The launch's own blocks and chunk count, as the model runs it: 128-key blocks of D-wide keys
+    (RoPE, D = 64), 3 chunks at N = 300, and B*H = 36: 15 chunks of 16-key blocks at N = 240."""
+    check_decode(2, 2, 300, 64, 64, torch.bfloat16, 40, [0, 127, 128, 200, 255, 256, 299])
+    check_decode(3, 12, 240, 16, 32, torch.float32, 41, [5, 239])
+
+
+@interpreted
+@pytest.mark.filterwarnings("ignore:All-NaN slice")  # (the interpreter's max over the NaN output)
+def test_decoding_kernel_past_the_cache_writes_nothing(monkeypatch):
+    """pos >= N (a caller's bug): NaN out, the caches untouched. Caches it does not take, and
+    GPUs older than Ampere, are refused with a reason."""
+    kc, vc = torch.randn(1, 2, 20, 64), torch.randn(1, 2, 20, 32)
+    before = kc.clone(), vc.clone()
+    q = torch.randn(1, 2, 1, 64)
+    out = pk.decode_attention(q, q, torch.randn(1, 2, 1, 32), kc, vc, torch.tensor([20]), 0.2)
+    assert out.isnan().all() and torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+    assert "D=48" in pk.decode_unsupported_reason(torch.zeros(1, 2, 8, 96), torch.zeros(1, 2, 8, 48))
+    assert "float64" in pk.decode_unsupported_reason(torch.zeros(1, 2, 8, 64, dtype=torch.float64),
+                                                     torch.zeros(1, 2, 8, 32, dtype=torch.float64))
+    assert pk.decode_unsupported_reason(kc, vc) is None
+    monkeypatch.setattr(pk, "_capability", lambda dev: (7, 5))
+    assert "capability (7, 5)" in pk.decode_unsupported_reason(kc, vc)
+
+
+def tiny_float(pos_emb, attn_impl):
+    """A small float32 model (D = 32) with weights large enough that greedy tokens depend on the context."""
+    from model import GPT, GPTConfig
+    torch.manual_seed(42)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=24, vocab_size=50, pos_emb=pos_emb,
+                          pope_delta_init="uniform", attn_impl=attn_impl)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and not name.endswith("delta"):
+                p.normal_(0.0, 0.3)
+    return model
+
+
+@interpreted
+@pytest.mark.parametrize("pos_emb", ["pope", "rope"])
+def test_generate_on_the_decoding_kernel_equals_the_pytorch_path(pos_emb, monkeypatch):
+    """attn_impl="triton" runs generate()'s one-token steps on the decoding kernel (counted), "torch"
+    on the cache's PyTorch path: the same greedy tokens, prompt + 30 > context 24 (so the window
+    moves too), and the same logits at every step of a cache fed random tokens."""
+    from model import KVCache
+    calls = []
+    real = pk.decode_attention
+    monkeypatch.setattr(pk, "decode_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    models = {impl: tiny_float(pos_emb, impl) for impl in ("triton", "torch")}
+    idx = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(43))
+    out = {impl: m.generate(idx, 30, temperature=0.0, context=24) for impl, m in models.items()}
+    assert len(calls) == 2 * (24 - 5), len(calls)  # 2 layers, the steps until the context is full
+    assert torch.equal(out["triton"], out["torch"]), f"seed=42/43 {pos_emb}: {out}"
+    caches = {impl: KVCache(m, 2, 24, torch.float32) for impl, m in models.items()}
+    assert caches["triton"].kernel and not caches["torch"].kernel
+    g = torch.Generator().manual_seed(44)
+    with torch.no_grad():
+        tok = idx
+        for step in range(8):
+            logits = {impl: m(tok, cache=caches[impl])[0] for impl, m in models.items()}
+            err = rel_err(logits["triton"], logits["torch"])
+            assert err < 1e-5, f"seed=42/44 {pos_emb} step {step}: rel err {err:.2e}"
+            tok = torch.randint(0, 50, (2, 1), generator=g)
+
+
+@interpreted
+def test_the_cache_takes_the_decoding_kernel_where_it_runs():
+    """On the CPU (here under the interpreter) only with attn_impl="triton", and only for caches it takes."""
+    from model import KVCache
+    for impl, dtype, want in (("auto", torch.float32, False), ("torch", torch.float32, False),
+                              ("triton", torch.float32, True), ("triton", torch.bfloat16, True),
+                              ("triton", torch.float64, False)):
+        assert KVCache(tiny_float("pope", impl), 1, 8, dtype).kernel == want, (impl, dtype)
+
+
+@parent_only
+def test_the_cache_takes_no_kernel_on_the_cpu():
+    from model import KVCache
+    assert not KVCache(tiny_float("rope", "triton"), 1, 8, torch.float32).kernel
+
+
+@interpreted
+def test_a_compiled_step_runs_the_decoding_kernel_as_one_op():
+    """generate(mode="compile") compiles the one-token step with fullgraph=True (a graph break
+    raises): traced, the kernel is one custom op that writes the caches. aot_eager's steps give
+    the eager steps' tokens and caches."""
+    from model import KVCache
+    model = tiny_float("pope", "triton")
+    runs = []
+    for compiled in (False, True):
+        cache, tok = KVCache(model, 2, 16, torch.float32), torch.zeros(2, 1, dtype=torch.long)
+
+        def step():
+            tok.copy_(model(tok, cache=cache)[0][:, -1].argmax(-1, keepdim=True))
+        with torch.no_grad():
+            model(torch.randint(0, 50, (2, 4), generator=torch.Generator().manual_seed(45)), cache=cache)
+            run = torch.compile(step, fullgraph=True, backend="aot_eager") if compiled else step
+            toks = [run() or tok.clone() for _ in range(5)]
+        runs.append((torch.cat(toks, 1), cache.k + cache.v))
+    assert torch.equal(runs[0][0], runs[1][0]), f"seed=42/45: {runs[0][0].tolist()} != {runs[1][0].tolist()}"
+    assert all(rel_err(a, b) < 1e-6 for a, b in zip(runs[0][1], runs[1][1]))
