@@ -44,7 +44,8 @@ class GPTConfig:
     rope_base: float = 10000.0
     pope_delta_init: str = "zero"  # "zero" (language) | "uniform": U(-2pi, 0)
     pope_delta_bound: str = "wrap"  # how delta is kept in [-2pi, 0]: "wrap" | "clamp" | "project" (see pope_delta)
-    attn_impl: str = "auto"  # PoPE only: "auto" (the kernel on CUDA) | "torch" (the code below) | "triton"
+    attn_impl: str = "auto"  # "auto" (the kernels on CUDA) | "torch" (the code below) | "triton": for PoPE's attention,
+    # and for every pos_emb the one-token step of cached decoding (KVCache.attend)
     rope_scaling: float = 1.0  # YaRN (arXiv 2309.00071), RoPE only: s > 1 stretches the context by s; 1.0 is plain RoPE
     rope_scaling_orig_len: int = 0  # the context that s stretches (0 means block_size)
 
@@ -202,7 +203,7 @@ class KVCache:
         self.v = [torch.zeros(B, H, context, D, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
         self.slots, self.pos = torch.arange(context, device=device), torch.zeros((), dtype=torch.long, device=device)
         self.pos_emb, self.dtype = cfg.pos_emb, dtype
-        why = pope_kernel.decode_unsupported_reason(self.k[0], self.v[0]) if pope_kernel else KERNEL_IMPORT_ERROR
+        why = pope_kernel.decode_unsupported_reason(self.k[0], self.v[0]) if pope_kernel else KERNEL_MISSING
         self.kernel = why is None and (cfg.attn_impl == "triton" or cfg.attn_impl == "auto" and device.type == "cuda")
         if cfg.pos_emb == "pope":  # in the dtype pope_cartesian computes in
             self.theta = pope_frequencies(D, cfg.pope_base, device, torch.promote_types(dtype, torch.float32))
