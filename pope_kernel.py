@@ -11,14 +11,11 @@ helpers _softplus, _cos_sin, _cartesian_tile and _cartesian_grad below; a PoPE
 variant changes those and model.py together (tests/test_kernel.py compares them).
 
 API (q: (B,H,Tq,D), k and v: (B,H,Tk,D), delta: (H,D), theta: (D,), used as given):
-    pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None,
-                   q_offset=0, k_is_mu=False)
+    pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offset=0)
     kernel_unsupported_reason(q, k, v, delta) -> None or why not
 Query row i sits at position q_offset+i, key row j at position j; with causal,
 key j is visible to query i iff j <= q_offset+i. sm_scale defaults to
-1/sqrt(D). k_is_mu=True says k already holds mu_k = softplus(k) (model.py
-never passes it). Supported: CUDA (compute capability 8.0+),
-or the CPU under TRITON_INTERPRET=1 set before this module is imported; bf16,
+1/sqrt(D). Supported: CUDA (compute capability 8.0+), or the CPU under TRITON_INTERPRET=1 set before this module is imported; bf16,
 fp16 or fp32; head dim 32, 64 or 128. Anything else raises PopeKernelUnsupported.
 
 For model.KVCache's one-token steps, plain attention of one query per (batch,
@@ -158,24 +155,21 @@ def _cos_sin(phase):
 
 
 @triton.jit
-def _cartesian_tile(x, pos, theta, delta, IS_MU: tl.constexpr):
+def _cartesian_tile(x, pos, theta, delta):
     """mu*cos and mu*sin (float32) of a (rows, D) float32 tile; pos (rows,) float32."""
-    mu = x if IS_MU else _softplus(x)
+    mu = _softplus(x)
     c, s = _cos_sin(pos[:, None] * theta[None, :] + delta[None, :])
     return mu * c, mu * s
 
 
 @triton.jit
-def _cartesian_grad(x, pos, theta, delta, gc, gs, IS_MU: tl.constexpr):
+def _cartesian_grad(x, pos, theta, delta, gc, gs):
     """Back from the gradient (gc, gs) w.r.t. [mu cos, mu sin] to the gradient
-    w.r.t. x (raw, or mu with IS_MU) and w.r.t. the phase. Called after the
-    main loop, recomputing mu, cos and sin rather than keeping those three
-    tiles live in registers through it."""
-    mu = x if IS_MU else _softplus(x)
+    w.r.t. x and w.r.t. the phase. Called after the main loop, recomputing mu,
+    cos and sin rather than keeping those three tiles live in registers through it."""
+    mu = _softplus(x)
     c, s = _cos_sin(pos[:, None] * theta[None, :] + delta[None, :])
-    dmu = gc * c + gs * s
-    dx = dmu if IS_MU else dmu * tl.sigmoid(x)
-    return dx, mu * (gs * c - gc * s)
+    return (gc * c + gs * s) * tl.sigmoid(x), mu * (gs * c - gc * s)
 
 
 @triton.jit
@@ -183,7 +177,7 @@ def _cartesian_kernel(X, XC, THETA, DELTA, O, DO, DI,
                       sxb, sxh, sxt, sxd, sob, soh, sot, sod, sdob, sdoh, sdot, sdod,
                       H, T, pos0,
                       HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
-                      HAS_DELTA: tl.constexpr, IS_MU: tl.constexpr, WITH_DI: tl.constexpr):
+                      HAS_DELTA: tl.constexpr, WITH_DI: tl.constexpr):
     """XC[b, h, t] = [mu cos(phase), mu sin(phase)] (B, H, T, 2D) in XC's dtype.
     WITH_DI also writes DI[b, h, t] = rowsum(dO * O), the backward's other
     per-query-row pre-pass, from the same program."""
@@ -201,7 +195,7 @@ def _cartesian_kernel(X, XC, THETA, DELTA, O, DO, DI,
         delta = tl.load(DELTA + h * HEAD_DIM + offs_d)
     else:
         delta = tl.zeros([HEAD_DIM], dtype=tl.float32)
-    xc, xs = _cartesian_tile(x, (pos0 + offs_t).to(tl.float32), theta, delta, IS_MU)
+    xc, xs = _cartesian_tile(x, (pos0 + offs_t).to(tl.float32), theta, delta)
     out = XC + bh * T * 2 * HEAD_DIM + offs_t[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
     tl.store(out, _cast(xc, XC.dtype.element_ty), mask=rows[:, None])
     tl.store(out + HEAD_DIM, _cast(xs, XC.dtype.element_ty), mask=rows[:, None])
@@ -235,8 +229,7 @@ def _query_block(Q, THETA, sqb, sqh, sqt, sqd, H, TQ, TK, q_offset,
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
                 mask=rows[:, None], other=0.0)
     theta = tl.load(THETA + offs_d)
-    qc, qs = _cartesian_tile(q.to(tl.float32), qpos.to(tl.float32), theta,
-                             tl.zeros([HEAD_DIM], dtype=tl.float32), False)
+    qc, qs = _cartesian_tile(q.to(tl.float32), qpos.to(tl.float32), theta, tl.zeros([HEAD_DIM], dtype=tl.float32))
     if CAUSAL:
         hi_full = tl.minimum(q_offset + m0 + 1, TK) // BLOCK_N * BLOCK_N
         hi = tl.minimum(q_offset + m0 + BLOCK_M, TK)
@@ -350,7 +343,7 @@ def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, THETA, DELTA,
                    sdkb, sdkh, sdkt, sdkd, sdvb, sdvh, sdvt, sdvd,
                    sm_scale, qk_scale, H, TQ, TK, q_offset, NBLK_DDP, Q_BUCKET, K_BUCKET,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   CAUSAL: tl.constexpr, K_IS_MU: tl.constexpr, DOT_PREC: tl.constexpr):
+                   CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
     """One program: BLOCK_N key rows of one (batch, head), every query block
     that sees them. Writes dk, dv and this block's row of ddelta partials
     DDP[b, pid_n, h, :] (summed over blocks and batch by the caller)."""
@@ -368,7 +361,7 @@ def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, THETA, DELTA,
                 mask=cols[:, None], other=0.0)
     theta = tl.load(THETA + offs_d)
     delta = tl.load(DELTA + h * HEAD_DIM + offs_d)
-    kc32, ks32 = _cartesian_tile(k.to(tl.float32), offs_n.to(tl.float32), theta, delta, K_IS_MU)
+    kc32, ks32 = _cartesian_tile(k.to(tl.float32), offs_n.to(tl.float32), theta, delta)
     kc = _cast(kc32, k.dtype)
     ks = _cast(ks32, k.dtype)
 
@@ -400,7 +393,7 @@ def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, THETA, DELTA,
     # pointer tiles too are rebuilt here: kept from the prologue they cost registers
     k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :] * skd,
                 mask=cols[:, None], other=0.0).to(tl.float32)
-    dk, dphase = _cartesian_grad(k, offs_n.to(tl.float32), theta, delta, dkc * sm_scale, dks * sm_scale, K_IS_MU)
+    dk, dphase = _cartesian_grad(k, offs_n.to(tl.float32), theta, delta, dkc * sm_scale, dks * sm_scale)
     tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkt + offs_d[None, :] * sdkd,
              _cast(dk, DK.dtype.element_ty), mask=cols[:, None])
     dphase = tl.where(cols[:, None], dphase, 0.0)
@@ -469,7 +462,7 @@ def _pope_bwd_dq(Q, KC, V, DO, LSE, DI, DQ, THETA,
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
                 mask=rows[:, None], other=0.0).to(tl.float32)
     dq, _ = _cartesian_grad(q, qpos.to(tl.float32), theta, tl.zeros([HEAD_DIM], dtype=tl.float32),
-                            dqc * sm_scale, dqs * sm_scale, False)
+                            dqc * sm_scale, dqs * sm_scale)
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :] * sdqd,
              _cast(dq, DQ.dtype.element_ty), mask=rows[:, None])
 
@@ -526,7 +519,7 @@ def _autotuned(kernel, kind, keys, **kw):
 _pope_fwd_tuned = _autotuned(_pope_fwd, "fwd", [])
 # the autotuner's trial runs may leave partials in rows the chosen block size
 # does not write: zero them again before the real run
-_pope_bwd_dkdv_tuned = _autotuned(_pope_bwd_dkdv, "dkdv", ["K_IS_MU"], reset_to_zero=["DDP"])
+_pope_bwd_dkdv_tuned = _autotuned(_pope_bwd_dkdv, "dkdv", [], reset_to_zero=["DDP"])
 _pope_bwd_dq_tuned = _autotuned(_pope_bwd_dq, "dq", [])
 
 
@@ -563,7 +556,7 @@ def _dot_precision(dtype):
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _cartesian(x, theta, delta, pos0, is_mu, o=None, do=None):
+def _cartesian(x, theta, delta, pos0, o=None, do=None):
     """The pre-pass: (B, H, T, 2D) Cartesian x in x's dtype; with o and do also
     rowsum(dO*O) as (B, H, T) float32."""
     B, H, T, D = x.shape
@@ -575,17 +568,17 @@ def _cartesian(x, theta, delta, pos0, is_mu, o=None, do=None):
     _cartesian_kernel[grid](x, xc, theta, delta if delta is not None else theta, o_, do_, di,
                             *x.stride(), *o_.stride(), *do_.stride(), H, T, pos0,
                             HEAD_DIM=D, BLOCK_T=_PREP_BLOCK_T, HAS_DELTA=delta is not None,
-                            IS_MU=is_mu, WITH_DI=with_di, num_warps=4)
+                            WITH_DI=with_di, num_warps=4)
     return (xc, di) if with_di else xc
 
 
-def _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, k_is_mu, tune=True):
+def _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, tune=True):
     with _on_device(q):
         B, H, Tq, D = q.shape
         Tk = k.size(2)
         out = _empty((B, H, Tq, D), q)
         lse = _empty((B, H, Tq), q, torch.float32)
-        kc = _cartesian(k, theta, delta, 0, k_is_mu)
+        kc = _cartesian(k, theta, delta, 0)
         grid = lambda meta: (triton.cdiv(Tq, meta["BLOCK_M"]), B * H)
         args = (q, kc, v, out, lse, theta, *q.stride(), *v.stride(), *out.stride(),
                 sm_scale * 1.4426950408889634, H, Tq, Tk, q_offset, _bucket(Tq), _bucket(Tk))
@@ -599,13 +592,13 @@ def _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, k_is_mu, tune=True):
         return out, lse
 
 
-def _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset, k_is_mu):
+def _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
     """dq, dk, dv and ddelta (float32)."""
     with _on_device(q):
-        return _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset, k_is_mu)
+        return _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset)
 
 
-def _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset, k_is_mu):
+def _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
     B, H, Tq, D = q.shape
     Tk = k.size(2)
     qk_scale = sm_scale * 1.4426950408889634
@@ -619,14 +612,14 @@ def _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offs
     nblk = triton.cdiv(Tk, _DDP_MIN_BLOCK_N)
     # rows past the chosen block count stay zero: the sum below is over all rows
     ddp = torch.zeros((B, nblk, H, D), device=q.device, dtype=torch.float32)
-    qc, di = _cartesian(q, theta, None, q_offset, False, o=out, do=do)
+    qc, di = _cartesian(q, theta, None, q_offset, o=out, do=do)
     grid = lambda meta: (triton.cdiv(Tk, meta["BLOCK_N"]), B * H)
     _launch(_pope_bwd_dkdv, _pope_bwd_dkdv_tuned, fixed("dkdv"), grid,
             (k, v, qc, do, lse, di, dk, dv, ddp, theta, delta, *k.stride(), *v.stride(), *do.stride(),
              *dk.stride(), *dv.stride(), sm_scale, qk_scale, H, Tq, Tk, q_offset, nblk, *buckets),
-            dict(HEAD_DIM=D, CAUSAL=causal, K_IS_MU=k_is_mu, DOT_PREC=prec))
+            dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=prec))
     del qc  # (no other reference may keep it: that would hold both 2D-long copies at once)
-    kc = _cartesian(k, theta, delta, 0, k_is_mu)
+    kc = _cartesian(k, theta, delta, 0)
     dq = _empty((B, H, Tq, D), q)
     grid = lambda meta: (triton.cdiv(Tq, meta["BLOCK_M"]), B * H)
     args = (q, kc, v, do, lse, di, dq, theta, *q.stride(), *v.stride(), *do.stride(), *dq.stride(),
@@ -650,12 +643,12 @@ _NS = __name__.replace(".", "_")
 
 @torch.library.custom_op(f"{_NS}::fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: torch.Tensor, theta: torch.Tensor, causal: bool,
-            sm_scale: float, q_offset: int, k_is_mu: bool, tune: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, k_is_mu, tune)
+            sm_scale: float, q_offset: int, tune: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, tune)
 
 
 @_fwd_op.register_fake
-def _(q, k, v, delta, theta, causal, sm_scale, q_offset, k_is_mu, tune):
+def _(q, k, v, delta, theta, causal, sm_scale, q_offset, tune):
     B, H, Tq, D = q.shape
     return q.new_empty((B, H, Tq, D)), q.new_empty((B, H, Tq), dtype=torch.float32)
 
@@ -663,27 +656,27 @@ def _(q, k, v, delta, theta, causal, sm_scale, q_offset, k_is_mu, tune):
 @torch.library.custom_op(f"{_NS}::bwd", mutates_args=())
 def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: torch.Tensor,
             theta: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, causal: bool, sm_scale: float,
-            q_offset: int, k_is_mu: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset, k_is_mu)
+            q_offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset)
 
 
 @_bwd_op.register_fake
-def _(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset, k_is_mu):
+def _(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), delta.new_empty(delta.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, delta, theta, causal, sm_scale, q_offset, k_is_mu, _ = inputs
+    q, k, v, delta, theta, causal, sm_scale, q_offset, _ = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, delta, theta, out, lse)
-    ctx.args = (causal, sm_scale, q_offset, k_is_mu)
+    ctx.args = (causal, sm_scale, q_offset)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, delta, theta, out, lse = ctx.saved_tensors
     dq, dk, dv, ddelta = _bwd_op(dout, q, k, v, delta, theta, out, lse, *ctx.args)
-    return dq, dk, dv, ddelta, None, None, None, None, None, None
+    return dq, dk, dv, ddelta, None, None, None, None, None
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -740,7 +733,7 @@ def _capability(dev):
     return _CAPABILITY[idx]
 
 
-def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offset=0, k_is_mu=False):
+def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offset=0):
     """PoPE attention through the fused Triton kernel (the contract of
     model.pope_attention_torch, with the frequencies theta = model.pope_frequencies(D)
     given instead of their base; delta and theta are used as given). Raises
@@ -758,7 +751,7 @@ def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offse
     delta = delta.float().contiguous()
     theta = theta.to(q.device, torch.float32).contiguous()
     tune = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, delta))
-    return _fwd_op(q, k, v, delta, theta, bool(causal), float(sm_scale), int(q_offset), bool(k_is_mu), tune)[0]
+    return _fwd_op(q, k, v, delta, theta, bool(causal), float(sm_scale), int(q_offset), tune)[0]
 
 
 # -----------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Forward and all four gradients (dq, dk, dv, ddelta) against a float64 reference
 written here from the formula (an einsum of cos((s - t) theta_c + delta_c), not
 model.py's code), on seeded inputs (every failure names the seed and shape):
 decoding (Tq = 1, q_offset = Tk - 1), lengths that are no multiple of a block,
-non-causal, D = 32 and 64, k given as mu. Every buffer the kernels must fill
+non-causal, D = 32 and 64. Every buffer the kernels must fill
 starts as NaN, and a NaN fails the check. Two backward runs must agree bitwise.
 The kernel takes model.py's frequencies, and the model trains a few steps with
 attn_impl="triton" as it does with "torch". The decoding kernel (one query against
@@ -58,7 +58,7 @@ if INTERPRETED:  # every buffer the kernels must fill starts as NaN
 BOUND = {torch.float32: (2e-5, 2e-5, 4e-5), torch.float16: (2e-3, 3e-3, 6e-3), torch.bfloat16: (1e-2, 1e-2, 2e-2)}
 
 
-def pope_einsum_f64(q, k, v, delta, causal=True, q_offset=0, k_is_mu=False, base=10000.0):
+def pope_einsum_f64(q, k, v, delta, causal=True, q_offset=0, base=10000.0):
     """a_ts = (1/sqrt(D)) sum_c mu_q[t,c] mu_k[s,c] cos((s - t) theta_c + delta_c), in float64
     (delta as given: bounding it is model.py's job)."""
     B, H, Tq, D = q.shape
@@ -66,7 +66,7 @@ def pope_einsum_f64(q, k, v, delta, causal=True, q_offset=0, k_is_mu=False, base
     theta = base ** (-torch.arange(D, dtype=torch.float64) / D)
     d = delta
     mq = F.softplus(q)
-    mk = k if k_is_mu else F.softplus(k)
+    mk = F.softplus(k)
     t = (q_offset + torch.arange(Tq, dtype=torch.float64))[:, None, None]
     s = torch.arange(Tk, dtype=torch.float64)[None, :, None]
     ang = (s - t) * theta + d[:, None, None, :]  # (H, Tq, Tk, D)
@@ -82,13 +82,11 @@ def theta(D):
     return pope_frequencies(D)
 
 
-def run_both(B, H, Tq, Tk, D, dtype, seed, causal=True, q_offset=0, k_is_mu=False):
+def run_both(B, H, Tq, Tk, D, dtype, seed, causal=True, q_offset=0):
     g = torch.Generator().manual_seed(seed)
     q, k, v, do = (torch.randn(B, H, T, D, generator=g) for T in (Tq, Tk, Tk, Tq))
-    if k_is_mu:
-        k = F.softplus(k)
     delta = torch.empty(H, D).uniform_(-8.0, 1.0, generator=g)  # any phase bias: the kernel takes it as given
-    kw = dict(causal=causal, q_offset=q_offset, k_is_mu=k_is_mu)
+    kw = dict(causal=causal, q_offset=q_offset)
 
     def grads(fn, dt, *extra):
         xs = [x.to(dt).requires_grad_(True) for x in (q, k, v)]
@@ -131,9 +129,9 @@ def test_head_dim_32(dtype, seed):
 
 @interpreted
 @pytest.mark.parametrize("D,seed", [(32, 6), (64, 7)])
-def test_decoding_one_query_against_a_mu_cache(D, seed):
-    """Tq = 1 at q_offset = Tk - 1 with k given as mu."""
-    check_case(2, 2, 1, 53, D, torch.float32, seed, q_offset=52, k_is_mu=True)
+def test_one_query_at_the_end(D, seed):
+    """Tq = 1 at q_offset = Tk - 1 (the fixed config of short query chunks)."""
+    check_case(2, 2, 1, 53, D, torch.float32, seed, q_offset=52)
 
 
 @interpreted
@@ -146,11 +144,6 @@ def test_query_chunk_at_an_offset():
 @pytest.mark.parametrize("dtype,seed", [(torch.float32, 9), (torch.bfloat16, 10)])
 def test_non_causal(dtype, seed):
     check_case(1, 2, 23, 58, 64, dtype, seed, causal=False)
-
-
-@interpreted
-def test_k_is_mu_with_many_queries():
-    check_case(1, 2, 35, 35, 32, torch.float32, 11, k_is_mu=True)
 
 
 @interpreted
