@@ -43,8 +43,10 @@ How it works (measurements behind each choice: results/kernel.md):
     inputs give bitwise the same gradients.
   * Causal blocks above the diagonal (with q_offset) are skipped; only blocks
     that straddle it, or the end of the sequence, pay for a mask.
-  * One torch.library custom op with a fake and an autograd formula, so a
-    model that calls it compiles into one graph.
+  * Traced by torch.compile, one torch.library custom op with a fake and an
+    autograd formula, so a model that calls it compiles into one graph; run
+    eagerly, the same forward and backward as a plain autograd.Function, which
+    skips the dispatcher's per-call host time.
 
 Benchmarks, GPU checks and the sm_90 compile report: python bench.py --help.
 CPU tests: python -m pytest tests/test_kernel.py (runs under TRITON_INTERPRET=1).
@@ -632,8 +634,11 @@ def _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offs
 
 
 # -----------------------------------------------------------------------------
-# autograd: one torch.library custom op, opaque to torch.compile (no graph
-# break; the fake gives shapes), with the backward as a second op
+# autograd: two doors to the same _fwd and _bwd. Traced by torch.compile, one
+# torch.library custom op, opaque to it (no graph break; the fake gives shapes),
+# with the backward as a second op. Run eagerly, a plain autograd.Function: the
+# custom op's dispatcher and its Python layers cost more host time per call than
+# the rest of pope_attention's Python together (measured with the launches stubbed out).
 
 # one namespace per module name, so a second copy of this file loaded under
 # another name (tests/test_kernel.py loads one under the interpreter) does not
@@ -682,6 +687,24 @@ def _backward(ctx, dout, dlse):
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _Attention(torch.autograd.Function):
+    """The eager door: the custom op's forward and backward without the dispatcher. It
+    returns out only (lse stays inside), so autograd makes no zero gradient for lse."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, delta, theta, causal, sm_scale, q_offset, tune):
+        out, lse = _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, tune)
+        ctx.save_for_backward(q, k, v, delta, theta, out, lse)
+        ctx.args = (causal, sm_scale, q_offset)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, delta, theta, out, lse = ctx.saved_tensors
+        dq, dk, dv, ddelta = _bwd(dout, q, k, v, delta, theta, out, lse, *ctx.args)
+        return dq, dk, dv, ddelta, None, None, None, None, None
+
+
 # -----------------------------------------------------------------------------
 # public entry points
 
@@ -691,6 +714,7 @@ class PopeKernelUnsupported(ValueError):
 
 _SUPPORTED = ("the PoPE Triton kernel takes CUDA tensors (or CPU tensors under TRITON_INTERPRET=1) "
               "of one dtype among bfloat16, float16 and float32, with head dim 32, 64 or 128")
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _CAPABILITY = {}
 
 
@@ -702,14 +726,19 @@ def kernel_unsupported_reason(q, k, v, delta):
         check_shapes(q, k, v, delta, 0)
     except ValueError as e:
         return f"{e}; {_SUPPORTED}"
+    return _unsupported(q, k, v, delta)
+
+
+def _unsupported(q, k, v, delta):
+    """kernel_unsupported_reason past the shapes (pope_attention has checked those)."""
     dev = q.device
-    if any(t.device != dev for t in (k, v, delta)):
+    if k.device != dev or v.device != dev or delta.device != dev:
         return f"q, k, v and delta are on different devices; {_SUPPORTED}"
     if dev.type == "cpu" and not _INTERPRET:
         return f"got CPU tensors without TRITON_INTERPRET=1 set before importing pope_kernel; {_SUPPORTED}"
     if dev.type not in ("cpu", "cuda"):
         return f"got {dev.type} tensors; {_SUPPORTED}"
-    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32) or k.dtype != q.dtype or v.dtype != q.dtype:
+    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"got q, k, v in {q.dtype}, {k.dtype}, {v.dtype}; {_SUPPORTED}"
     if not delta.dtype.is_floating_point:
         return f"delta must be floating point, got {delta.dtype}"
@@ -740,18 +769,25 @@ def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offse
     PopeKernelUnsupported, a ValueError, for input the kernel does not take;
     kernel_unsupported_reason says why without raising."""
     check_shapes(q, k, v, delta, q_offset)
-    if theta.shape != (q.size(-1),):
-        raise ValueError(f"theta must be (D={q.size(-1)},); got {tuple(theta.shape)}")
-    reason = kernel_unsupported_reason(q, k, v, delta)
+    D = q.size(-1)
+    if theta.shape != (D,):
+        raise ValueError(f"theta must be (D={D},); got {tuple(theta.shape)}")
+    reason = _unsupported(q, k, v, delta)
     if reason is not None:
         raise PopeKernelUnsupported(reason)
     if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(q.size(-1))
-    # the kernels read delta and theta as float32; the cast is outside the op, so autograd maps ddelta back
-    delta = delta.float().contiguous()
-    theta = theta.to(q.device, torch.float32).contiguous()
-    tune = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, delta))
-    return _fwd_op(q, k, v, delta, theta, bool(causal), float(sm_scale), int(q_offset), tune)[0]
+        sm_scale = 1.0 / math.sqrt(D)
+    # the kernels read delta and theta as float32 (model.py hands them so: then no op runs here);
+    # the cast is outside the op, so autograd maps ddelta back
+    if delta.dtype != torch.float32 or not delta.is_contiguous():
+        delta = delta.float().contiguous()
+    if theta.dtype != torch.float32 or theta.device != q.device or not theta.is_contiguous():
+        theta = theta.to(q.device, torch.float32).contiguous()
+    tune = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or delta.requires_grad)
+    args = (q, k, v, delta, theta, bool(causal), float(sm_scale), int(q_offset), tune)
+    if torch.compiler.is_compiling():
+        return _fwd_op(*args)[0]
+    return _Attention.apply(*args)
 
 
 # -----------------------------------------------------------------------------

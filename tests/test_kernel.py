@@ -286,10 +286,17 @@ def test_strided_inputs_from_a_fused_projection():
 @interpreted
 def test_compiles_without_graph_break():
     """Under torch.compile the kernel is one opaque custom op (fullgraph=True
-    raises on a graph break); aot_eager traces forward and backward through its
-    fake and autograd formula. Same numbers as the eager autograd.Function."""
+    raises on a graph break; the graph Dynamo hands the backend holds the op);
+    aot_eager traces forward and backward through its fake and autograd formula.
+    Same numbers as the eager autograd.Function."""
+    from torch._dynamo.backends.registry import lookup_backend
     g = torch.Generator().manual_seed(0)
     inputs = [torch.randn(1, 2, 20, 32, generator=g) for _ in range(3)] + [torch.rand(2, 32, generator=g) * -7]
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return lookup_backend("aot_eager")(gm, example_inputs)
 
     def run(fn):
         xs = [x.clone().requires_grad_(True) for x in inputs]
@@ -301,9 +308,38 @@ def test_compiles_without_graph_break():
         return pk.pope_attention(q, k, v, d, theta(32)) * 2.0
 
     eager = run(f)
-    compiled = run(torch.compile(f, fullgraph=True, backend="aot_eager"))
+    compiled = run(torch.compile(f, fullgraph=True, backend=backend))
+    assert len(graphs) == 1 and f"{pk._NS}.fwd" in graphs[0], graphs
     for a, b in zip(compiled, eager):
         assert torch.equal(a, b)
+
+
+@interpreted
+@pytest.mark.parametrize("dtype,causal,off,seed", [(torch.bfloat16, True, 0, 18), (torch.float32, False, 0, 19),
+                                                   (torch.float16, True, 9, 20)])
+def test_eager_function_equals_the_custom_op(dtype, causal, off, seed, monkeypatch):
+    """Eagerly pope_attention runs a plain autograd.Function, never the custom op
+    (patched here to fail): its output and four gradients are bitwise those of the
+    custom op and its registered autograd formula, what a compiled graph runs."""
+    g = torch.Generator().manual_seed(seed)
+    q, do = (torch.randn(2, 3, 21, 32, generator=g).to(dtype) for _ in range(2))
+    k, v = (torch.randn(2, 3, 21 + off, 32, generator=g).to(dtype) for _ in range(2))
+    delta = torch.empty(3, 32).uniform_(-8.0, 1.0, generator=g)
+
+    def run(fn):
+        xs = [x.clone().requires_grad_(True) for x in (q, k, v, delta)]
+        out = fn(*xs)
+        return [out] + list(torch.autograd.grad(out, xs, do))
+
+    op = run(lambda q, k, v, d: pk._fwd_op(q, k, v, d, theta(32), causal, 32 ** -0.5, off, True)[0])
+
+    def refuse(*args):
+        raise AssertionError("the eager path called the custom op")
+    monkeypatch.setattr(pk, "_fwd_op", refuse)
+    monkeypatch.setattr(pk, "_bwd_op", refuse)
+    eager = run(lambda q, k, v, d: pk.pope_attention(q, k, v, d, theta(32), causal=causal, q_offset=off))
+    for name, a, b in zip(["out", "dq", "dk", "dv", "ddelta"], eager, op):
+        assert torch.isfinite(a).all() and torch.equal(a, b), f"seed={seed} {dtype}: {name} differs"
 
 
 @interpreted
