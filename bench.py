@@ -471,12 +471,13 @@ def aot_report(cases, all_configs=True, capability=90):
         rows.append(dict(kernel=kernel_fn.fn.__name__, case=case, config=config, shared=c.metadata.shared,
                          wgmma="wgmma" in c.asm["ptx"], **_resources(c)))
 
-    def launch(kernel_fn, tuned, blocks, grid, args, kwargs):
+    def launch(kernel_fn, tuned, blocks, grid, args, kwargs, key):
         # blocks is None where the launch would autotune: then every config its autotuner would try
         configs = [blocks] if blocks else [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
                                            for c in tuned.early_config_prune(tuned.configs, {}, **kwargs)]
         for bm, bn, w, st in configs:
             record(kernel_fn, args, dict(kwargs, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st), (bm, bn, w, st))
+        return configs[0][1]  # (the BLOCK_N of a launch: how many ddelta partial rows it wrote)
 
     class Prepass:  # stands in for _cartesian_kernel[grid](...)
         def __getitem__(self, grid):

@@ -519,25 +519,39 @@ def _autotuned(kernel, kind, keys, **kw):
 
 
 _pope_fwd_tuned = _autotuned(_pope_fwd, "fwd", [])
-# the autotuner's trial runs may leave partials in rows the chosen block size
-# does not write: zero them again before the real run
+# (the ddelta partials are summed over the rows the launch that ran wrote; the
+# zeroing before each trial run stays, so that the trials time what they timed)
 _pope_bwd_dkdv_tuned = _autotuned(_pope_bwd_dkdv, "dkdv", [], reset_to_zero=["DDP"])
 _pope_bwd_dq_tuned = _autotuned(_pope_bwd_dq, "dq", [])
 
 
-def _launch(kernel, tuned, blocks, grid, args, kwargs):
-    """Run `tuned` (autotuned) if blocks is None, else `kernel` with blocks (or,
-    under the interpreter, its small fixed blocks); grid is a function of the
-    config dict, as in Triton."""
+_CHOSEN = {}  # (autotuner, key) -> the launch options of the config it chose
+
+
+def _launch(kernel, tuned, blocks, grid, args, kwargs, key):
+    """Run `kernel` with blocks = (BLOCK_M, BLOCK_N, warps, stages), or where blocks
+    is None (and autotuning is on) with the config that `tuned`, its autotuner, picks;
+    under the interpreter with small fixed blocks. grid is a function of the config
+    dict, as in Triton. Returns the BLOCK_N that ran.
+    The autotuner keys its choice on its key arguments and every tensor argument's
+    dtype; `key` holds the key arguments and the dtypes of the tensors not made
+    here, which fix the rest, so the same key means the same choice. Once the
+    autotuner has chosen for a key, the launch goes to `kernel` with that config
+    directly: Triton's Autotuner.run rebuilds its key from all ~40 arguments at
+    every call, host time that an eager training step pays three times per layer."""
     if _INTERPRET:
-        meta, extra = {"BLOCK_M": _INTERP_BLOCK, "BLOCK_N": _INTERP_BLOCK}, {}
+        meta = {"BLOCK_M": _INTERP_BLOCK, "BLOCK_N": _INTERP_BLOCK}
     elif blocks is None and _AUTOTUNE:
-        tuned[grid](*args, **kwargs)
-        return
+        meta = _CHOSEN.get((tuned, key))
+        if meta is None:
+            tuned[grid](*args, **kwargs)  # tunes, or takes the choice from Triton's disk cache
+            meta = _CHOSEN[tuned, key] = tuned.best_config.all_kwargs()
+            return meta["BLOCK_N"]
     else:
         bm, bn, w, s = blocks
-        meta, extra = {"BLOCK_M": bm, "BLOCK_N": bn}, {"num_warps": w, "num_stages": s}
-    kernel[grid(meta)](*args, **kwargs, **meta, **extra)
+        meta = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
+    kernel[grid(meta)](*args, **kwargs, **meta)
+    return meta["BLOCK_N"]
 
 
 def _bucket(n):
@@ -581,16 +595,18 @@ def _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, tune=True):
         out = _empty((B, H, Tq, D), q)
         lse = _empty((B, H, Tq), q, torch.float32)
         kc = _cartesian(k, theta, delta, 0)
+        buckets = (_bucket(Tq), _bucket(Tk))
         grid = lambda meta: (triton.cdiv(Tq, meta["BLOCK_M"]), B * H)
         args = (q, kc, v, out, lse, theta, *q.stride(), *v.stride(), *out.stride(),
-                sm_scale * 1.4426950408889634, H, Tq, Tk, q_offset, _bucket(Tq), _bucket(Tk))
+                sm_scale * 1.4426950408889634, H, Tq, Tk, q_offset, *buckets)
         kwargs = dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=_dot_precision(q.dtype))
         blocks = None  # autotuned
         # decoding, and any call without gradients (inference, eval), runs a fixed config:
         # tuning every new (Tq, Tk) bucket would cost seconds per new length
         if Tq <= _DECODE_MAX_TQ or not _AUTOTUNE or not tune:
             blocks = _DECODE_FWD if Tq <= _DECODE_MAX_TQ else _blocks("fwd", D)[0]
-        _launch(_pope_fwd, _pope_fwd_tuned, blocks, grid, args, kwargs)
+        key = (*buckets, D, causal, q.dtype, k.dtype, v.dtype, theta.dtype)
+        _launch(_pope_fwd, _pope_fwd_tuned, blocks, grid, args, kwargs, key)
         return out, lse
 
 
@@ -611,15 +627,15 @@ def _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offs
     # through the dq kernel: at most one of them is allocated at a time.
     dk = _empty((B, H, Tk, D), k)
     dv = _empty((B, H, Tk, D), v)
-    nblk = triton.cdiv(Tk, _DDP_MIN_BLOCK_N)
-    # rows past the chosen block count stay zero: the sum below is over all rows
-    ddp = torch.zeros((B, nblk, H, D), device=q.device, dtype=torch.float32)
+    key = (*buckets, D, causal, q.dtype, k.dtype, v.dtype, do.dtype, delta.dtype, theta.dtype)
+    nblk = triton.cdiv(Tk, _DDP_MIN_BLOCK_N)  # rows for the smallest key block; the launch writes the first
+    ddp = _empty((B, nblk, H, D), q, torch.float32)  # cdiv(Tk, BLOCK_N) of them
     qc, di = _cartesian(q, theta, None, q_offset, o=out, do=do)
     grid = lambda meta: (triton.cdiv(Tk, meta["BLOCK_N"]), B * H)
-    _launch(_pope_bwd_dkdv, _pope_bwd_dkdv_tuned, fixed("dkdv"), grid,
-            (k, v, qc, do, lse, di, dk, dv, ddp, theta, delta, *k.stride(), *v.stride(), *do.stride(),
-             *dk.stride(), *dv.stride(), sm_scale, qk_scale, H, Tq, Tk, q_offset, nblk, *buckets),
-            dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=prec))
+    block_n = _launch(_pope_bwd_dkdv, _pope_bwd_dkdv_tuned, fixed("dkdv"), grid,
+                      (k, v, qc, do, lse, di, dk, dv, ddp, theta, delta, *k.stride(), *v.stride(), *do.stride(),
+                       *dk.stride(), *dv.stride(), sm_scale, qk_scale, H, Tq, Tk, q_offset, nblk, *buckets),
+                      dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=prec), key)
     del qc  # (no other reference may keep it: that would hold both 2D-long copies at once)
     kc = _cartesian(k, theta, delta, 0)
     dq = _empty((B, H, Tq, D), q)
@@ -627,9 +643,9 @@ def _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offs
     args = (q, kc, v, do, lse, di, dq, theta, *q.stride(), *v.stride(), *do.stride(), *dq.stride(),
             sm_scale, qk_scale, H, Tq, Tk, q_offset, *buckets)
     _launch(_pope_bwd_dq, _pope_bwd_dq_tuned, fixed("dq"), grid, args,
-            dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=prec))
+            dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=prec), key)
     # a fixed-order reduction (no atomics): bitwise the same every run
-    ddelta = ddp.sum(dim=(0, 1))
+    ddelta = ddp[:, :triton.cdiv(Tk, block_n)].sum(dim=(0, 1))
     return dq, dk, dv, ddelta
 
 

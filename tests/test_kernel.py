@@ -343,6 +343,63 @@ def test_eager_function_equals_the_custom_op(dtype, causal, off, seed, monkeypat
 
 
 @interpreted
+def test_the_gpu_launch_path_keeps_the_autotuners_choice(monkeypatch):
+    """The GPU's host path, run here on the interpreter: autotuning on, each autotuner's
+    timings faked so that it picks its last config for float32 inputs and its first for
+    bfloat16 (in its sorted list: neither is the untuned first; dk/dv's key blocks of 64
+    or 128 then write 1 of the 3 ddelta partial rows at Tk = 40, the others stay NaN).
+    The first call per shape and dtype goes through the autotuner, later ones launch its
+    choice directly (not through Triton's Autotuner.run again): the same configs,
+    bitwise the same numbers, near the float64 reference."""
+    from triton.runtime.interpreter import InterpretedFunction
+    tuned = (pk._pope_fwd_tuned, pk._pope_bwd_dkdv_tuned, pk._pope_bwd_dq_tuned)
+    monkeypatch.setattr(pk, "_INTERPRET", False)  # (host side only: the kernels stay interpreted)
+    monkeypatch.setattr(pk, "_AUTOTUNE", True)
+    monkeypatch.setattr(pk, "_CHOSEN", {})
+    monkeypatch.setattr(pk, "_unsupported", lambda *a: None)  # (it refuses the CPU without the interpreter)
+    tunings, ran, autotuner_runs = [], [], []
+
+    def fake_bench(*args, config, t, **kwargs):
+        tunings.append(t)
+        return t.configs.index(config) * (-1 if args[0].dtype == torch.float32 else 1)
+    for t in tuned:
+        monkeypatch.setattr(t, "cache", {})
+        monkeypatch.setattr(t, "cache_results", False)
+        monkeypatch.setattr(t, "_bench", lambda *a, t=t, **kw: fake_bench(*a, t=t, **kw))
+        monkeypatch.setattr(t, "run", lambda *a, t=t, real=t.run, **kw: autotuner_runs.append(t) or real(*a, **kw))
+    real_run = InterpretedFunction.run
+
+    def run(self, *args, **kwargs):
+        if self.fn.__name__ != "_cartesian_kernel":
+            ran.append((self.fn.__name__, kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["num_warps"]))
+        return real_run(self, *args, **kwargs)
+    monkeypatch.setattr(InterpretedFunction, "run", run)
+
+    first = {}  # dtype: (the configs its first call ran, its results)
+    for dtype in (torch.float32, torch.bfloat16, torch.float32, torch.bfloat16):
+        tunings.clear()
+        ran.clear()
+        autotuner_runs.clear()
+        got, ref = run_both(1, 2, 40, 40, 32, dtype, 21)
+        check(got, ref, dtype, f"seed=21 B=1 H=2 T=40 D=32 {dtype}, autotuned path")
+        if dtype not in first:
+            assert len(set(tunings)) == 3, f"{dtype}: not every kernel was tuned"
+            picked = [(t.fn.fn.__name__, *(t.best_config.all_kwargs()[n] for n in ("BLOCK_M", "BLOCK_N", "num_warps")))
+                      for t in tuned]
+            untuned = [(p[0], *pk._blocks(kind, 32)[0][:3]) for p, kind in zip(picked, ("fwd", "dkdv", "dq"))]
+            assert ran == picked and all(p != u for p, u in zip(picked, untuned)) and picked[1][2] > 16, (ran, picked)
+            first[dtype] = ran[:], got
+        else:
+            assert not tunings, f"{dtype}: tuned again at a shape and dtype it has tuned"
+            assert not autotuner_runs, f"{dtype}: the launches still went through Triton's Autotuner.run"
+            assert ran == first[dtype][0], (dtype, ran, first[dtype][0])
+            for name, a, b in zip(["out", "dq", "dk", "dv", "ddelta"], got, first[dtype][1]):
+                assert torch.equal(a, b), f"{dtype}: {name} differs between the tuned and the direct launch"
+    assert first[torch.float32][0] != first[torch.bfloat16][0]
+    assert len(pk._CHOSEN) == 6
+
+
+@interpreted
 def test_backward_holds_one_2d_long_copy_at_a_time(monkeypatch):
     """The backward's Cartesian queries (for the dk/dv kernel) are freed before
     its Cartesian keys (for the dq kernel) are made: peak memory at T = 16k
