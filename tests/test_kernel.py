@@ -246,15 +246,15 @@ def test_kernel_equals_the_pytorch_path_of_model_py(dtype, Tq, off, D, seed):
 def test_the_kernel_takes_the_models_frequencies(monkeypatch):
     """theta has one definition, model.pope_frequencies: a forker who changes it
     (here to RoPE's spacing, base^(-2c/D)) changes the model's attention, and the
-    kernel path (attn_impl="triton") still equals the PyTorch path."""
+    kernel path (attn_impl="triton", with the theta its layer made when built)
+    still equals the PyTorch path."""
     import model as model_lib
-    torch.manual_seed(15)
-    attn = model_lib.GPT(model_lib.GPTConfig(n_layer=1, n_head=2, n_embd=64, block_size=32, vocab_size=16,
-                                             pope_delta_init="uniform", attn_impl="torch")).transformer.h[0].attn
-    x = torch.randn(2, 25, 64)
+    x = torch.randn(2, 25, 64, generator=torch.Generator().manual_seed(15))
 
-    def both():
-        attn.attn_impl = "torch"
+    def both():  # a layer built now, on both paths
+        torch.manual_seed(15)
+        attn = model_lib.GPT(model_lib.GPTConfig(n_layer=1, n_head=2, n_embd=64, block_size=32, vocab_size=16,
+                                                 pope_delta_init="uniform", attn_impl="torch")).transformer.h[0].attn
         ref = attn(x)
         attn.attn_impl = "triton"
         return attn(x), ref
@@ -268,6 +268,20 @@ def test_the_kernel_takes_the_models_frequencies(monkeypatch):
         got, ref = both()
     assert rel_err(ref, before) > 1e-2, "seed=15: the patch changed nothing"
     assert rel_err(got, ref) < 1e-5, f"seed=15: the kernel ignores model.pope_frequencies ({rel_err(got, ref):.2e})"
+
+
+def test_each_pope_layer_holds_its_theta_outside_the_checkpoint():
+    """The frequencies the kernel path hands pope_attention are made once per layer, by
+    model.pope_frequencies at the config's base, in float32, as a buffer that moves with
+    the model and is left out of state_dict (checkpoints keep their keys)."""
+    import model as model_lib
+    cfg = model_lib.GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=16, pope_base=500.0)
+    gpt = model_lib.GPT(cfg)
+    for block in gpt.transformer.h:
+        assert block.attn.theta.dtype == torch.float32
+        assert torch.equal(block.attn.theta, model_lib.pope_frequencies(32, 500.0))
+    assert not any("theta" in name for name in gpt.state_dict())
+    assert "transformer.h.1.attn.theta" in dict(gpt.named_buffers())
 
 
 @interpreted
