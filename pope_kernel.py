@@ -558,6 +558,10 @@ def _bucket(n):
     return 1 << max(n - 1, 0).bit_length()
 
 
+def _cdiv(a, b):  # (triton.cdiv, a constexpr function, costs microseconds per host call)
+    return -(-a // b)
+
+
 def _empty(shape, like, dtype=None):
     return torch.empty(shape, device=like.device, dtype=dtype or like.dtype)
 
@@ -580,7 +584,7 @@ def _cartesian(x, theta, delta, pos0, o=None, do=None):
     with_di = o is not None
     di = _empty((B, H, T), x, torch.float32) if with_di else xc
     o_, do_ = (o, do) if with_di else (x, x)
-    grid = (triton.cdiv(T, _PREP_BLOCK_T), B * H)
+    grid = (_cdiv(T, _PREP_BLOCK_T), B * H)
     _cartesian_kernel[grid](x, xc, theta, delta if delta is not None else theta, o_, do_, di,
                             *x.stride(), *o_.stride(), *do_.stride(), H, T, pos0,
                             HEAD_DIM=D, BLOCK_T=_PREP_BLOCK_T, HAS_DELTA=delta is not None,
@@ -596,7 +600,7 @@ def _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, tune=True):
         lse = _empty((B, H, Tq), q, torch.float32)
         kc = _cartesian(k, theta, delta, 0)
         buckets = (_bucket(Tq), _bucket(Tk))
-        grid = lambda meta: (triton.cdiv(Tq, meta["BLOCK_M"]), B * H)
+        grid = lambda meta: (_cdiv(Tq, meta["BLOCK_M"]), B * H)
         args = (q, kc, v, out, lse, theta, *q.stride(), *v.stride(), *out.stride(),
                 sm_scale * 1.4426950408889634, H, Tq, Tk, q_offset, *buckets)
         kwargs = dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=_dot_precision(q.dtype))
@@ -628,10 +632,10 @@ def _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offs
     dk = _empty((B, H, Tk, D), k)
     dv = _empty((B, H, Tk, D), v)
     key = (*buckets, D, causal, q.dtype, k.dtype, v.dtype, do.dtype, delta.dtype, theta.dtype)
-    nblk = triton.cdiv(Tk, _DDP_MIN_BLOCK_N)  # rows for the smallest key block; the launch writes the first
+    nblk = _cdiv(Tk, _DDP_MIN_BLOCK_N)  # rows for the smallest key block; the launch writes the first
     ddp = _empty((B, nblk, H, D), q, torch.float32)  # cdiv(Tk, BLOCK_N) of them
     qc, di = _cartesian(q, theta, None, q_offset, o=out, do=do)
-    grid = lambda meta: (triton.cdiv(Tk, meta["BLOCK_N"]), B * H)
+    grid = lambda meta: (_cdiv(Tk, meta["BLOCK_N"]), B * H)
     block_n = _launch(_pope_bwd_dkdv, _pope_bwd_dkdv_tuned, fixed("dkdv"), grid,
                       (k, v, qc, do, lse, di, dk, dv, ddp, theta, delta, *k.stride(), *v.stride(), *do.stride(),
                        *dk.stride(), *dv.stride(), sm_scale, qk_scale, H, Tq, Tk, q_offset, nblk, *buckets),
@@ -639,13 +643,13 @@ def _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offs
     del qc  # (no other reference may keep it: that would hold both 2D-long copies at once)
     kc = _cartesian(k, theta, delta, 0)
     dq = _empty((B, H, Tq, D), q)
-    grid = lambda meta: (triton.cdiv(Tq, meta["BLOCK_M"]), B * H)
+    grid = lambda meta: (_cdiv(Tq, meta["BLOCK_M"]), B * H)
     args = (q, kc, v, do, lse, di, dq, theta, *q.stride(), *v.stride(), *do.stride(), *dq.stride(),
             sm_scale, qk_scale, H, Tq, Tk, q_offset, *buckets)
     _launch(_pope_bwd_dq, _pope_bwd_dq_tuned, fixed("dq"), grid, args,
             dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=prec), key)
     # a fixed-order reduction (no atomics): bitwise the same every run
-    ddelta = ddp[:, :triton.cdiv(Tk, block_n)].sum(dim=(0, 1))
+    ddelta = ddp[:, :_cdiv(Tk, block_n)].sum(dim=(0, 1))
     return dq, dk, dv, ddelta
 
 
