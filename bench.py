@@ -20,6 +20,7 @@ triton.testing.do_bench (CUDA events, L2 flushed) or of CUDA-event-timed steps.
 """
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -35,8 +36,13 @@ import model as model_lib
 from model import GPT, GPTConfig, apply_rope, pope_attention_torch, pope_delta, pope_frequencies, rope_cos_sin
 
 
+@functools.lru_cache
+def frequencies(D, device):  # made once, as each of model.py's layers makes its theta
+    return pope_frequencies(D, device=device)
+
+
 def kernel_attention(q, k, v, delta, **kw):  # what model.py runs on CUDA
-    return pk.pope_attention(q, k, v, pope_delta(delta), pope_frequencies(q.size(-1), device=q.device), **kw)
+    return pk.pope_attention(q, k, v, pope_delta(delta), frequencies(q.size(-1), q.device), **kw)
 
 
 def torch_attention(q, k, v, delta, **kw):  # model.py's PyTorch path
