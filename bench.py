@@ -20,6 +20,7 @@ triton.testing.do_bench (CUDA events, L2 flushed) or of CUDA-event-timed steps.
 """
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -35,12 +36,17 @@ import model as model_lib
 from model import GPT, GPTConfig, apply_rope, pope_attention_torch, pope_delta, pope_frequencies, rope_cos_sin
 
 
+@functools.lru_cache
+def frequencies(D, device):  # made once, as each of model.py's layers makes its theta
+    return pope_frequencies(D, device=device)
+
+
 def kernel_attention(q, k, v, delta, **kw):  # what model.py runs on CUDA
-    return pk.pope_attention(q, k, v, pope_delta(delta), pope_frequencies(q.size(-1), device=q.device), **kw)
+    return pk.pope_attention(q, k, v, pope_delta(delta), frequencies(q.size(-1), q.device), **kw)
 
 
-def torch_attention(q, k, v, delta, k_is_mu=False, **kw):  # model.py's PyTorch path (k as mu: from the k it is of)
-    return pope_attention_torch(q, torch.log(torch.expm1(k)) if k_is_mu else k, v, pope_delta(delta), **kw)
+def torch_attention(q, k, v, delta, **kw):  # model.py's PyTorch path
+    return pope_attention_torch(q, k, v, pope_delta(delta), **kw)
 
 
 def rel(a, b):
@@ -77,25 +83,23 @@ def check():
     pk._empty = lambda shape, like, dtype=None: real_empty(shape, like, dtype).fill_(float("nan"))
     pk._AUTOTUNE = False
     bound = {torch.float32: (1e-5, 1e-5), torch.float16: (3e-3, 5e-3), torch.bfloat16: (1e-2, 2e-2)}
-    cases = [  # B, H, Tq, Tk, D, dtype, causal, q_offset, k_is_mu
-        (2, 3, 300, 300, 64, torch.bfloat16, True, 0, False),
-        (2, 3, 300, 300, 64, torch.float16, True, 0, False),
-        (2, 3, 300, 300, 64, torch.float32, True, 0, False),
-        (1, 2, 257, 257, 32, torch.bfloat16, True, 0, False),
-        (1, 2, 257, 257, 128, torch.bfloat16, True, 0, False),
-        (2, 2, 200, 333, 64, torch.bfloat16, False, 0, False),
-        (2, 2, 100, 357, 64, torch.bfloat16, True, 257, False),
-        (2, 2, 1, 1000, 64, torch.bfloat16, True, 999, True),
-        (2, 2, 1, 1000, 128, torch.bfloat16, True, 999, True),
+    cases = [  # B, H, Tq, Tk, D, dtype, causal, q_offset
+        (2, 3, 300, 300, 64, torch.bfloat16, True, 0),
+        (2, 3, 300, 300, 64, torch.float16, True, 0),
+        (2, 3, 300, 300, 64, torch.float32, True, 0),
+        (1, 2, 257, 257, 32, torch.bfloat16, True, 0),
+        (1, 2, 257, 257, 128, torch.bfloat16, True, 0),
+        (2, 2, 200, 333, 64, torch.bfloat16, False, 0),
+        (2, 2, 100, 357, 64, torch.bfloat16, True, 257),
+        (2, 2, 1, 1000, 64, torch.bfloat16, True, 999),
+        (2, 2, 1, 1000, 128, torch.bfloat16, True, 999),
     ]
     header("kernel check vs float64")
     ok = True
     try:
-        for B, H, Tq, Tk, D, dtype, causal, off, kmu in cases:
+        for B, H, Tq, Tk, D, dtype, causal, off in cases:
             q, k, v, delta, do = inputs(B, H, Tq, Tk, D, dtype, seed=Tq * Tk + D)
-            if kmu:
-                k = F.softplus(k.float()).to(dtype)
-            kw = dict(causal=causal, q_offset=off, k_is_mu=kmu)
+            kw = dict(causal=causal, q_offset=off)
             ref = grads(torch_attention, q, k, v, delta, do, torch.float64, **kw)
             got = grads(kernel_attention, q, k, v, delta, do, **kw)
             again = grads(kernel_attention, q, k, v, delta, do, **kw)
@@ -104,7 +108,7 @@ def check():
             good = same and all(e == e and e < bound[dtype][i > 0] for i, e in enumerate(errs))
             ok &= good
             print(f"{'ok ' if good else 'BAD'} B={B} H={H} Tq={Tq} Tk={Tk} D={D} {str(dtype)[6:]:8s} causal={causal:d} "
-                  f"off={off} k_is_mu={kmu:d}  rel err out/dq/dk/dv/ddelta "
+                  f"off={off}  rel err out/dq/dk/dv/ddelta "
                   + " ".join(f"{e:.1e}" for e in errs) + f"  bitwise-deterministic={same}", flush=True)
     finally:
         pk._empty, pk._AUTOTUNE = real_empty, real_autotune
@@ -473,12 +477,13 @@ def aot_report(cases, all_configs=True, capability=90):
         rows.append(dict(kernel=kernel_fn.fn.__name__, case=case, config=config, shared=c.metadata.shared,
                          wgmma="wgmma" in c.asm["ptx"], **_resources(c)))
 
-    def launch(kernel_fn, tuned, blocks, grid, args, kwargs):
+    def launch(kernel_fn, tuned, blocks, grid, args, kwargs, key):
         # blocks is None where the launch would autotune: then every config its autotuner would try
         configs = [blocks] if blocks else [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
                                            for c in tuned.early_config_prune(tuned.configs, {}, **kwargs)]
         for bm, bn, w, st in configs:
             record(kernel_fn, args, dict(kwargs, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st), (bm, bn, w, st))
+        return configs[0][1]  # (the BLOCK_N of a launch: how many ddelta partial rows it wrote)
 
     class Prepass:  # stands in for _cartesian_kernel[grid](...)
         def __getitem__(self, grid):
@@ -488,11 +493,11 @@ def aot_report(cases, all_configs=True, capability=90):
     real_prepass = saved[1]
     pk._launch, pk._cartesian_kernel, pk._AUTOTUNE = launch, Prepass(), all_configs
     try:
-        for B, H, Tq, Tk, D, dtype, causal, q_offset, k_is_mu in cases:
-            case = f"D={D} {str(dtype)[6:]} Tq={Tq} Tk={Tk}" + (" k_is_mu" if k_is_mu else "")
+        for B, H, Tq, Tk, D, dtype, causal, q_offset in cases:
+            case = f"D={D} {str(dtype)[6:]} Tq={Tq} Tk={Tk}"
             q, do = (torch.randn(B, H, Tq, D, dtype=dtype) for _ in range(2))
             k, v = (torch.randn(B, H, Tk, D, dtype=dtype) for _ in range(2))
-            args = (torch.zeros(H, D), model_lib.pope_frequencies(D), causal, D ** -0.5, q_offset, k_is_mu)
+            args = (torch.zeros(H, D), model_lib.pope_frequencies(D), causal, D ** -0.5, q_offset)
             out, lse = pk._fwd(q, k, v, *args)
             if Tq > pk._DECODE_MAX_TQ:
                 pk._bwd(do, q, k, v, *args[:2], out, lse, *args[2:])
@@ -505,8 +510,8 @@ def aot():
     import triton
     print(f"# triton {triton.__version__}, sm_90; stack = bytes of spills; shared of {HOPPER_SMEM} per block")
     for D in (64, 128):
-        for r in aot_report([(1, 2, 256, 256, D, torch.bfloat16, True, 0, False),
-                             (1, 2, 1, 256, D, torch.bfloat16, True, 255, True)]):
+        for r in aot_report([(1, 2, 256, 256, D, torch.bfloat16, True, 0),
+                             (1, 2, 1, 256, D, torch.bfloat16, True, 255)]):
             print(f"{r['kernel']:20s} {r['case']:34s} {str(r['config']):18s} regs {r['reg']:3d} "
                   f"stack {r['stack']:4d} shared {r['shared']:6d} wgmma {r['wgmma']}", flush=True)
 

@@ -247,8 +247,10 @@ class CausalSelfAttention(nn.Module):
         # analysis scripts (eval_frequencies.py) read the attention's own q/k through forward hooks on these
         self.q_probe, self.k_probe = nn.Identity(), nn.Identity()
         self.scale = 1.0 / math.sqrt(self.head_dim)
-        if self.pos_emb == "pope":  # the keys' learned phase bias (initialised in GPT.__init__)
-            self.delta = nn.Parameter(torch.zeros(config.n_head, self.head_dim))
+        if self.pos_emb == "pope":  # the keys' learned phase bias (initialised in GPT.__init__); theta for the kernel,
+            self.delta = nn.Parameter(torch.zeros(config.n_head, self.head_dim))  # made once, not at every forward
+            self.register_buffer("theta", pope_frequencies(self.head_dim, self.pope_base, self.c_attn.weight.device),
+                                 persistent=False)
         if self.pos_emb == "rope":
             self.set_rope_scaling(config.rope_base, config.rope_scaling,
                                   config.rope_scaling_orig_len or config.block_size)
@@ -267,8 +269,8 @@ class CausalSelfAttention(nn.Module):
             kernel, why = use_pope_kernel(self.attn_impl, q, k, v, delta)
             if not kernel and q.is_cuda and self.attn_impl == "auto":  # (said once: Python's warnings filter)
                 warnings.warn(f"PoPE Triton kernel not used ({why}); running the PyTorch path of model.py")
-            y = pope_kernel.pope_attention(q, k, v, delta, pope_frequencies(self.head_dim, self.pope_base, q.device)) \
-                if kernel else pope_attention_torch(q, k, v, delta, base=self.pope_base)
+            y = pope_kernel.pope_attention(q, k, v, delta, self.theta) if kernel else \
+                pope_attention_torch(q, k, v, delta, base=self.pope_base)
         else:  # one attention call; with a cache, over the slots up to each query (KVCache.attend)
             if cache is not None and self.pos_emb != "none":  # q and k stacked: one set of kernels turns both
                 rot, qk = cache.rotation[self.layer_idx], torch.stack([q, k])  # PoPE: pope_attention_torch's Cartesian

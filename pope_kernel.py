@@ -11,14 +11,11 @@ helpers _softplus, _cos_sin, _cartesian_tile and _cartesian_grad below; a PoPE
 variant changes those and model.py together (tests/test_kernel.py compares them).
 
 API (q: (B,H,Tq,D), k and v: (B,H,Tk,D), delta: (H,D), theta: (D,), used as given):
-    pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None,
-                   q_offset=0, k_is_mu=False)
+    pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offset=0)
     kernel_unsupported_reason(q, k, v, delta) -> None or why not
 Query row i sits at position q_offset+i, key row j at position j; with causal,
 key j is visible to query i iff j <= q_offset+i. sm_scale defaults to
-1/sqrt(D). k_is_mu=True says k already holds mu_k = softplus(k) (model.py
-never passes it). Supported: CUDA (compute capability 8.0+),
-or the CPU under TRITON_INTERPRET=1 set before this module is imported; bf16,
+1/sqrt(D). Supported: CUDA (compute capability 8.0+), or the CPU under TRITON_INTERPRET=1 set before this module is imported; bf16,
 fp16 or fp32; head dim 32, 64 or 128. Anything else raises PopeKernelUnsupported.
 
 For model.KVCache's one-token steps, plain attention of one query per (batch,
@@ -46,8 +43,10 @@ How it works (measurements behind each choice: results/kernel.md):
     inputs give bitwise the same gradients.
   * Causal blocks above the diagonal (with q_offset) are skipped; only blocks
     that straddle it, or the end of the sequence, pay for a mask.
-  * One torch.library custom op with a fake and an autograd formula, so a
-    model that calls it compiles into one graph.
+  * Traced by torch.compile, one torch.library custom op with a fake and an
+    autograd formula, so a model that calls it compiles into one graph; run
+    eagerly, the same forward and backward as a plain autograd.Function, which
+    skips the dispatcher's per-call host time.
 
 Benchmarks, GPU checks and the sm_90 compile report: python bench.py --help.
 CPU tests: python -m pytest tests/test_kernel.py (runs under TRITON_INTERPRET=1).
@@ -158,24 +157,21 @@ def _cos_sin(phase):
 
 
 @triton.jit
-def _cartesian_tile(x, pos, theta, delta, IS_MU: tl.constexpr):
+def _cartesian_tile(x, pos, theta, delta):
     """mu*cos and mu*sin (float32) of a (rows, D) float32 tile; pos (rows,) float32."""
-    mu = x if IS_MU else _softplus(x)
+    mu = _softplus(x)
     c, s = _cos_sin(pos[:, None] * theta[None, :] + delta[None, :])
     return mu * c, mu * s
 
 
 @triton.jit
-def _cartesian_grad(x, pos, theta, delta, gc, gs, IS_MU: tl.constexpr):
+def _cartesian_grad(x, pos, theta, delta, gc, gs):
     """Back from the gradient (gc, gs) w.r.t. [mu cos, mu sin] to the gradient
-    w.r.t. x (raw, or mu with IS_MU) and w.r.t. the phase. Called after the
-    main loop, recomputing mu, cos and sin rather than keeping those three
-    tiles live in registers through it."""
-    mu = x if IS_MU else _softplus(x)
+    w.r.t. x and w.r.t. the phase. Called after the main loop, recomputing mu,
+    cos and sin rather than keeping those three tiles live in registers through it."""
+    mu = _softplus(x)
     c, s = _cos_sin(pos[:, None] * theta[None, :] + delta[None, :])
-    dmu = gc * c + gs * s
-    dx = dmu if IS_MU else dmu * tl.sigmoid(x)
-    return dx, mu * (gs * c - gc * s)
+    return (gc * c + gs * s) * tl.sigmoid(x), mu * (gs * c - gc * s)
 
 
 @triton.jit
@@ -183,7 +179,7 @@ def _cartesian_kernel(X, XC, THETA, DELTA, O, DO, DI,
                       sxb, sxh, sxt, sxd, sob, soh, sot, sod, sdob, sdoh, sdot, sdod,
                       H, T, pos0,
                       HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
-                      HAS_DELTA: tl.constexpr, IS_MU: tl.constexpr, WITH_DI: tl.constexpr):
+                      HAS_DELTA: tl.constexpr, WITH_DI: tl.constexpr):
     """XC[b, h, t] = [mu cos(phase), mu sin(phase)] (B, H, T, 2D) in XC's dtype.
     WITH_DI also writes DI[b, h, t] = rowsum(dO * O), the backward's other
     per-query-row pre-pass, from the same program."""
@@ -201,7 +197,7 @@ def _cartesian_kernel(X, XC, THETA, DELTA, O, DO, DI,
         delta = tl.load(DELTA + h * HEAD_DIM + offs_d)
     else:
         delta = tl.zeros([HEAD_DIM], dtype=tl.float32)
-    xc, xs = _cartesian_tile(x, (pos0 + offs_t).to(tl.float32), theta, delta, IS_MU)
+    xc, xs = _cartesian_tile(x, (pos0 + offs_t).to(tl.float32), theta, delta)
     out = XC + bh * T * 2 * HEAD_DIM + offs_t[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
     tl.store(out, _cast(xc, XC.dtype.element_ty), mask=rows[:, None])
     tl.store(out + HEAD_DIM, _cast(xs, XC.dtype.element_ty), mask=rows[:, None])
@@ -235,8 +231,7 @@ def _query_block(Q, THETA, sqb, sqh, sqt, sqd, H, TQ, TK, q_offset,
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
                 mask=rows[:, None], other=0.0)
     theta = tl.load(THETA + offs_d)
-    qc, qs = _cartesian_tile(q.to(tl.float32), qpos.to(tl.float32), theta,
-                             tl.zeros([HEAD_DIM], dtype=tl.float32), False)
+    qc, qs = _cartesian_tile(q.to(tl.float32), qpos.to(tl.float32), theta, tl.zeros([HEAD_DIM], dtype=tl.float32))
     if CAUSAL:
         hi_full = tl.minimum(q_offset + m0 + 1, TK) // BLOCK_N * BLOCK_N
         hi = tl.minimum(q_offset + m0 + BLOCK_M, TK)
@@ -350,7 +345,7 @@ def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, THETA, DELTA,
                    sdkb, sdkh, sdkt, sdkd, sdvb, sdvh, sdvt, sdvd,
                    sm_scale, qk_scale, H, TQ, TK, q_offset, NBLK_DDP, Q_BUCKET, K_BUCKET,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   CAUSAL: tl.constexpr, K_IS_MU: tl.constexpr, DOT_PREC: tl.constexpr):
+                   CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
     """One program: BLOCK_N key rows of one (batch, head), every query block
     that sees them. Writes dk, dv and this block's row of ddelta partials
     DDP[b, pid_n, h, :] (summed over blocks and batch by the caller)."""
@@ -368,7 +363,7 @@ def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, THETA, DELTA,
                 mask=cols[:, None], other=0.0)
     theta = tl.load(THETA + offs_d)
     delta = tl.load(DELTA + h * HEAD_DIM + offs_d)
-    kc32, ks32 = _cartesian_tile(k.to(tl.float32), offs_n.to(tl.float32), theta, delta, K_IS_MU)
+    kc32, ks32 = _cartesian_tile(k.to(tl.float32), offs_n.to(tl.float32), theta, delta)
     kc = _cast(kc32, k.dtype)
     ks = _cast(ks32, k.dtype)
 
@@ -400,7 +395,7 @@ def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, THETA, DELTA,
     # pointer tiles too are rebuilt here: kept from the prologue they cost registers
     k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :] * skd,
                 mask=cols[:, None], other=0.0).to(tl.float32)
-    dk, dphase = _cartesian_grad(k, offs_n.to(tl.float32), theta, delta, dkc * sm_scale, dks * sm_scale, K_IS_MU)
+    dk, dphase = _cartesian_grad(k, offs_n.to(tl.float32), theta, delta, dkc * sm_scale, dks * sm_scale)
     tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkt + offs_d[None, :] * sdkd,
              _cast(dk, DK.dtype.element_ty), mask=cols[:, None])
     dphase = tl.where(cols[:, None], dphase, 0.0)
@@ -469,7 +464,7 @@ def _pope_bwd_dq(Q, KC, V, DO, LSE, DI, DQ, THETA,
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
                 mask=rows[:, None], other=0.0).to(tl.float32)
     dq, _ = _cartesian_grad(q, qpos.to(tl.float32), theta, tl.zeros([HEAD_DIM], dtype=tl.float32),
-                            dqc * sm_scale, dqs * sm_scale, False)
+                            dqc * sm_scale, dqs * sm_scale)
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :] * sdqd,
              _cast(dq, DQ.dtype.element_ty), mask=rows[:, None])
 
@@ -524,29 +519,47 @@ def _autotuned(kernel, kind, keys, **kw):
 
 
 _pope_fwd_tuned = _autotuned(_pope_fwd, "fwd", [])
-# the autotuner's trial runs may leave partials in rows the chosen block size
-# does not write: zero them again before the real run
-_pope_bwd_dkdv_tuned = _autotuned(_pope_bwd_dkdv, "dkdv", ["K_IS_MU"], reset_to_zero=["DDP"])
+# (the ddelta partials are summed over the rows the launch that ran wrote; the
+# zeroing before each trial run stays, so that the trials time what they timed)
+_pope_bwd_dkdv_tuned = _autotuned(_pope_bwd_dkdv, "dkdv", [], reset_to_zero=["DDP"])
 _pope_bwd_dq_tuned = _autotuned(_pope_bwd_dq, "dq", [])
 
 
-def _launch(kernel, tuned, blocks, grid, args, kwargs):
-    """Run `tuned` (autotuned) if blocks is None, else `kernel` with blocks (or,
-    under the interpreter, its small fixed blocks); grid is a function of the
-    config dict, as in Triton."""
+_CHOSEN = {}  # (autotuner, key) -> the launch options of the config it chose
+
+
+def _launch(kernel, tuned, blocks, grid, args, kwargs, key):
+    """Run `kernel` with blocks = (BLOCK_M, BLOCK_N, warps, stages), or where blocks
+    is None (and autotuning is on) with the config that `tuned`, its autotuner, picks;
+    under the interpreter with small fixed blocks. grid is a function of the config
+    dict, as in Triton. Returns the BLOCK_N that ran.
+    The autotuner keys its choice on its key arguments and every tensor argument's
+    dtype; `key` holds the key arguments and the dtypes of the tensors not made
+    here, which fix the rest, so the same key means the same choice. Once the
+    autotuner has chosen for a key, the launch goes to `kernel` with that config
+    directly: Triton's Autotuner.run rebuilds its key from all ~40 arguments at
+    every call, host time that an eager training step pays three times per layer."""
     if _INTERPRET:
-        meta, extra = {"BLOCK_M": _INTERP_BLOCK, "BLOCK_N": _INTERP_BLOCK}, {}
+        meta = {"BLOCK_M": _INTERP_BLOCK, "BLOCK_N": _INTERP_BLOCK}
     elif blocks is None and _AUTOTUNE:
-        tuned[grid](*args, **kwargs)
-        return
+        meta = _CHOSEN.get((tuned, key))
+        if meta is None:
+            tuned[grid](*args, **kwargs)  # tunes, or takes the choice from Triton's disk cache
+            meta = _CHOSEN[tuned, key] = tuned.best_config.all_kwargs()
+            return meta["BLOCK_N"]
     else:
         bm, bn, w, s = blocks
-        meta, extra = {"BLOCK_M": bm, "BLOCK_N": bn}, {"num_warps": w, "num_stages": s}
-    kernel[grid(meta)](*args, **kwargs, **meta, **extra)
+        meta = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
+    kernel[grid(meta)](*args, **kwargs, **meta)
+    return meta["BLOCK_N"]
 
 
 def _bucket(n):
     return 1 << max(n - 1, 0).bit_length()
+
+
+def _cdiv(a, b):  # (triton.cdiv, a constexpr function, costs microseconds per host call)
+    return -(-a // b)
 
 
 def _empty(shape, like, dtype=None):
@@ -563,7 +576,7 @@ def _dot_precision(dtype):
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _cartesian(x, theta, delta, pos0, is_mu, o=None, do=None):
+def _cartesian(x, theta, delta, pos0, o=None, do=None):
     """The pre-pass: (B, H, T, 2D) Cartesian x in x's dtype; with o and do also
     rowsum(dO*O) as (B, H, T) float32."""
     B, H, T, D = x.shape
@@ -571,41 +584,43 @@ def _cartesian(x, theta, delta, pos0, is_mu, o=None, do=None):
     with_di = o is not None
     di = _empty((B, H, T), x, torch.float32) if with_di else xc
     o_, do_ = (o, do) if with_di else (x, x)
-    grid = (triton.cdiv(T, _PREP_BLOCK_T), B * H)
+    grid = (_cdiv(T, _PREP_BLOCK_T), B * H)
     _cartesian_kernel[grid](x, xc, theta, delta if delta is not None else theta, o_, do_, di,
                             *x.stride(), *o_.stride(), *do_.stride(), H, T, pos0,
                             HEAD_DIM=D, BLOCK_T=_PREP_BLOCK_T, HAS_DELTA=delta is not None,
-                            IS_MU=is_mu, WITH_DI=with_di, num_warps=4)
+                            WITH_DI=with_di, num_warps=4)
     return (xc, di) if with_di else xc
 
 
-def _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, k_is_mu, tune=True):
+def _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, tune=True):
     with _on_device(q):
         B, H, Tq, D = q.shape
         Tk = k.size(2)
         out = _empty((B, H, Tq, D), q)
         lse = _empty((B, H, Tq), q, torch.float32)
-        kc = _cartesian(k, theta, delta, 0, k_is_mu)
-        grid = lambda meta: (triton.cdiv(Tq, meta["BLOCK_M"]), B * H)
+        kc = _cartesian(k, theta, delta, 0)
+        buckets = (_bucket(Tq), _bucket(Tk))
+        grid = lambda meta: (_cdiv(Tq, meta["BLOCK_M"]), B * H)
         args = (q, kc, v, out, lse, theta, *q.stride(), *v.stride(), *out.stride(),
-                sm_scale * 1.4426950408889634, H, Tq, Tk, q_offset, _bucket(Tq), _bucket(Tk))
+                sm_scale * 1.4426950408889634, H, Tq, Tk, q_offset, *buckets)
         kwargs = dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=_dot_precision(q.dtype))
         blocks = None  # autotuned
         # decoding, and any call without gradients (inference, eval), runs a fixed config:
         # tuning every new (Tq, Tk) bucket would cost seconds per new length
         if Tq <= _DECODE_MAX_TQ or not _AUTOTUNE or not tune:
             blocks = _DECODE_FWD if Tq <= _DECODE_MAX_TQ else _blocks("fwd", D)[0]
-        _launch(_pope_fwd, _pope_fwd_tuned, blocks, grid, args, kwargs)
+        key = (*buckets, D, causal, q.dtype, k.dtype, v.dtype, theta.dtype)
+        _launch(_pope_fwd, _pope_fwd_tuned, blocks, grid, args, kwargs, key)
         return out, lse
 
 
-def _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset, k_is_mu):
+def _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
     """dq, dk, dv and ddelta (float32)."""
     with _on_device(q):
-        return _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset, k_is_mu)
+        return _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset)
 
 
-def _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset, k_is_mu):
+def _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
     B, H, Tq, D = q.shape
     Tk = k.size(2)
     qk_scale = sm_scale * 1.4426950408889634
@@ -616,31 +631,34 @@ def _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offs
     # through the dq kernel: at most one of them is allocated at a time.
     dk = _empty((B, H, Tk, D), k)
     dv = _empty((B, H, Tk, D), v)
-    nblk = triton.cdiv(Tk, _DDP_MIN_BLOCK_N)
-    # rows past the chosen block count stay zero: the sum below is over all rows
-    ddp = torch.zeros((B, nblk, H, D), device=q.device, dtype=torch.float32)
-    qc, di = _cartesian(q, theta, None, q_offset, False, o=out, do=do)
-    grid = lambda meta: (triton.cdiv(Tk, meta["BLOCK_N"]), B * H)
-    _launch(_pope_bwd_dkdv, _pope_bwd_dkdv_tuned, fixed("dkdv"), grid,
-            (k, v, qc, do, lse, di, dk, dv, ddp, theta, delta, *k.stride(), *v.stride(), *do.stride(),
-             *dk.stride(), *dv.stride(), sm_scale, qk_scale, H, Tq, Tk, q_offset, nblk, *buckets),
-            dict(HEAD_DIM=D, CAUSAL=causal, K_IS_MU=k_is_mu, DOT_PREC=prec))
+    key = (*buckets, D, causal, q.dtype, k.dtype, v.dtype, do.dtype, delta.dtype, theta.dtype)
+    nblk = _cdiv(Tk, _DDP_MIN_BLOCK_N)  # rows for the smallest key block; the launch writes the first
+    ddp = _empty((B, nblk, H, D), q, torch.float32)  # cdiv(Tk, BLOCK_N) of them
+    qc, di = _cartesian(q, theta, None, q_offset, o=out, do=do)
+    grid = lambda meta: (_cdiv(Tk, meta["BLOCK_N"]), B * H)
+    block_n = _launch(_pope_bwd_dkdv, _pope_bwd_dkdv_tuned, fixed("dkdv"), grid,
+                      (k, v, qc, do, lse, di, dk, dv, ddp, theta, delta, *k.stride(), *v.stride(), *do.stride(),
+                       *dk.stride(), *dv.stride(), sm_scale, qk_scale, H, Tq, Tk, q_offset, nblk, *buckets),
+                      dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=prec), key)
     del qc  # (no other reference may keep it: that would hold both 2D-long copies at once)
-    kc = _cartesian(k, theta, delta, 0, k_is_mu)
+    kc = _cartesian(k, theta, delta, 0)
     dq = _empty((B, H, Tq, D), q)
-    grid = lambda meta: (triton.cdiv(Tq, meta["BLOCK_M"]), B * H)
+    grid = lambda meta: (_cdiv(Tq, meta["BLOCK_M"]), B * H)
     args = (q, kc, v, do, lse, di, dq, theta, *q.stride(), *v.stride(), *do.stride(), *dq.stride(),
             sm_scale, qk_scale, H, Tq, Tk, q_offset, *buckets)
     _launch(_pope_bwd_dq, _pope_bwd_dq_tuned, fixed("dq"), grid, args,
-            dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=prec))
+            dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=prec), key)
     # a fixed-order reduction (no atomics): bitwise the same every run
-    ddelta = ddp.sum(dim=(0, 1))
+    ddelta = ddp[:, :_cdiv(Tk, block_n)].sum(dim=(0, 1))
     return dq, dk, dv, ddelta
 
 
 # -----------------------------------------------------------------------------
-# autograd: one torch.library custom op, opaque to torch.compile (no graph
-# break; the fake gives shapes), with the backward as a second op
+# autograd: two doors to the same _fwd and _bwd. Traced by torch.compile, one
+# torch.library custom op, opaque to it (no graph break; the fake gives shapes),
+# with the backward as a second op. Run eagerly, a plain autograd.Function: the
+# custom op's dispatcher and its Python layers cost more host time per call than
+# the rest of pope_attention's Python together (measured with the launches stubbed out).
 
 # one namespace per module name, so a second copy of this file loaded under
 # another name (tests/test_kernel.py loads one under the interpreter) does not
@@ -650,12 +668,12 @@ _NS = __name__.replace(".", "_")
 
 @torch.library.custom_op(f"{_NS}::fwd", mutates_args=())
 def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: torch.Tensor, theta: torch.Tensor, causal: bool,
-            sm_scale: float, q_offset: int, k_is_mu: bool, tune: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, k_is_mu, tune)
+            sm_scale: float, q_offset: int, tune: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, tune)
 
 
 @_fwd_op.register_fake
-def _(q, k, v, delta, theta, causal, sm_scale, q_offset, k_is_mu, tune):
+def _(q, k, v, delta, theta, causal, sm_scale, q_offset, tune):
     B, H, Tq, D = q.shape
     return q.new_empty((B, H, Tq, D)), q.new_empty((B, H, Tq), dtype=torch.float32)
 
@@ -663,30 +681,48 @@ def _(q, k, v, delta, theta, causal, sm_scale, q_offset, k_is_mu, tune):
 @torch.library.custom_op(f"{_NS}::bwd", mutates_args=())
 def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: torch.Tensor,
             theta: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, causal: bool, sm_scale: float,
-            q_offset: int, k_is_mu: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset, k_is_mu)
+            q_offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset)
 
 
 @_bwd_op.register_fake
-def _(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset, k_is_mu):
+def _(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), delta.new_empty(delta.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, delta, theta, causal, sm_scale, q_offset, k_is_mu, _ = inputs
+    q, k, v, delta, theta, causal, sm_scale, q_offset, _ = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, delta, theta, out, lse)
-    ctx.args = (causal, sm_scale, q_offset, k_is_mu)
+    ctx.args = (causal, sm_scale, q_offset)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, delta, theta, out, lse = ctx.saved_tensors
     dq, dk, dv, ddelta = _bwd_op(dout, q, k, v, delta, theta, out, lse, *ctx.args)
-    return dq, dk, dv, ddelta, None, None, None, None, None, None
+    return dq, dk, dv, ddelta, None, None, None, None, None
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _Attention(torch.autograd.Function):
+    """The eager door: the custom op's forward and backward without the dispatcher. It
+    returns out only (lse stays inside), so autograd makes no zero gradient for lse."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, delta, theta, causal, sm_scale, q_offset, tune):
+        out, lse = _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, tune)
+        ctx.save_for_backward(q, k, v, delta, theta, out, lse)
+        ctx.args = (causal, sm_scale, q_offset)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, delta, theta, out, lse = ctx.saved_tensors
+        dq, dk, dv, ddelta = _bwd(dout, q, k, v, delta, theta, out, lse, *ctx.args)
+        return dq, dk, dv, ddelta, None, None, None, None, None
 
 
 # -----------------------------------------------------------------------------
@@ -698,6 +734,7 @@ class PopeKernelUnsupported(ValueError):
 
 _SUPPORTED = ("the PoPE Triton kernel takes CUDA tensors (or CPU tensors under TRITON_INTERPRET=1) "
               "of one dtype among bfloat16, float16 and float32, with head dim 32, 64 or 128")
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _CAPABILITY = {}
 
 
@@ -709,14 +746,19 @@ def kernel_unsupported_reason(q, k, v, delta):
         check_shapes(q, k, v, delta, 0)
     except ValueError as e:
         return f"{e}; {_SUPPORTED}"
+    return _unsupported(q, k, v, delta)
+
+
+def _unsupported(q, k, v, delta):
+    """kernel_unsupported_reason past the shapes (pope_attention has checked those)."""
     dev = q.device
-    if any(t.device != dev for t in (k, v, delta)):
+    if k.device != dev or v.device != dev or delta.device != dev:
         return f"q, k, v and delta are on different devices; {_SUPPORTED}"
     if dev.type == "cpu" and not _INTERPRET:
         return f"got CPU tensors without TRITON_INTERPRET=1 set before importing pope_kernel; {_SUPPORTED}"
     if dev.type not in ("cpu", "cuda"):
         return f"got {dev.type} tensors; {_SUPPORTED}"
-    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32) or k.dtype != q.dtype or v.dtype != q.dtype:
+    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"got q, k, v in {q.dtype}, {k.dtype}, {v.dtype}; {_SUPPORTED}"
     if not delta.dtype.is_floating_point:
         return f"delta must be floating point, got {delta.dtype}"
@@ -740,25 +782,32 @@ def _capability(dev):
     return _CAPABILITY[idx]
 
 
-def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offset=0, k_is_mu=False):
+def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offset=0):
     """PoPE attention through the fused Triton kernel (the contract of
     model.pope_attention_torch, with the frequencies theta = model.pope_frequencies(D)
     given instead of their base; delta and theta are used as given). Raises
     PopeKernelUnsupported, a ValueError, for input the kernel does not take;
     kernel_unsupported_reason says why without raising."""
     check_shapes(q, k, v, delta, q_offset)
-    if theta.shape != (q.size(-1),):
-        raise ValueError(f"theta must be (D={q.size(-1)},); got {tuple(theta.shape)}")
-    reason = kernel_unsupported_reason(q, k, v, delta)
+    D = q.size(-1)
+    if theta.shape != (D,):
+        raise ValueError(f"theta must be (D={D},); got {tuple(theta.shape)}")
+    reason = _unsupported(q, k, v, delta)
     if reason is not None:
         raise PopeKernelUnsupported(reason)
     if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(q.size(-1))
-    # the kernels read delta and theta as float32; the cast is outside the op, so autograd maps ddelta back
-    delta = delta.float().contiguous()
-    theta = theta.to(q.device, torch.float32).contiguous()
-    tune = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, delta))
-    return _fwd_op(q, k, v, delta, theta, bool(causal), float(sm_scale), int(q_offset), bool(k_is_mu), tune)[0]
+        sm_scale = 1.0 / math.sqrt(D)
+    # the kernels read delta and theta as float32 (model.py hands them so: then no op runs here);
+    # the cast is outside the op, so autograd maps ddelta back
+    if delta.dtype != torch.float32 or not delta.is_contiguous():
+        delta = delta.float().contiguous()
+    if theta.dtype != torch.float32 or theta.device != q.device or not theta.is_contiguous():
+        theta = theta.to(q.device, torch.float32).contiguous()
+    tune = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or delta.requires_grad)
+    args = (q, k, v, delta, theta, bool(causal), float(sm_scale), int(q_offset), tune)
+    if torch.compiler.is_compiling():
+        return _fwd_op(*args)[0]
+    return _Attention.apply(*args)
 
 
 # -----------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Forward and all four gradients (dq, dk, dv, ddelta) against a float64 reference
 written here from the formula (an einsum of cos((s - t) theta_c + delta_c), not
 model.py's code), on seeded inputs (every failure names the seed and shape):
 decoding (Tq = 1, q_offset = Tk - 1), lengths that are no multiple of a block,
-non-causal, D = 32 and 64, k given as mu. Every buffer the kernels must fill
+non-causal, D = 32 and 64. Every buffer the kernels must fill
 starts as NaN, and a NaN fails the check. Two backward runs must agree bitwise.
 The kernel takes model.py's frequencies, and the model trains a few steps with
 attn_impl="triton" as it does with "torch". The decoding kernel (one query against
@@ -58,7 +58,7 @@ if INTERPRETED:  # every buffer the kernels must fill starts as NaN
 BOUND = {torch.float32: (2e-5, 2e-5, 4e-5), torch.float16: (2e-3, 3e-3, 6e-3), torch.bfloat16: (1e-2, 1e-2, 2e-2)}
 
 
-def pope_einsum_f64(q, k, v, delta, causal=True, q_offset=0, k_is_mu=False, base=10000.0):
+def pope_einsum_f64(q, k, v, delta, causal=True, q_offset=0, base=10000.0):
     """a_ts = (1/sqrt(D)) sum_c mu_q[t,c] mu_k[s,c] cos((s - t) theta_c + delta_c), in float64
     (delta as given: bounding it is model.py's job)."""
     B, H, Tq, D = q.shape
@@ -66,7 +66,7 @@ def pope_einsum_f64(q, k, v, delta, causal=True, q_offset=0, k_is_mu=False, base
     theta = base ** (-torch.arange(D, dtype=torch.float64) / D)
     d = delta
     mq = F.softplus(q)
-    mk = k if k_is_mu else F.softplus(k)
+    mk = F.softplus(k)
     t = (q_offset + torch.arange(Tq, dtype=torch.float64))[:, None, None]
     s = torch.arange(Tk, dtype=torch.float64)[None, :, None]
     ang = (s - t) * theta + d[:, None, None, :]  # (H, Tq, Tk, D)
@@ -82,13 +82,11 @@ def theta(D):
     return pope_frequencies(D)
 
 
-def run_both(B, H, Tq, Tk, D, dtype, seed, causal=True, q_offset=0, k_is_mu=False):
+def run_both(B, H, Tq, Tk, D, dtype, seed, causal=True, q_offset=0):
     g = torch.Generator().manual_seed(seed)
     q, k, v, do = (torch.randn(B, H, T, D, generator=g) for T in (Tq, Tk, Tk, Tq))
-    if k_is_mu:
-        k = F.softplus(k)
     delta = torch.empty(H, D).uniform_(-8.0, 1.0, generator=g)  # any phase bias: the kernel takes it as given
-    kw = dict(causal=causal, q_offset=q_offset, k_is_mu=k_is_mu)
+    kw = dict(causal=causal, q_offset=q_offset)
 
     def grads(fn, dt, *extra):
         xs = [x.to(dt).requires_grad_(True) for x in (q, k, v)]
@@ -131,9 +129,9 @@ def test_head_dim_32(dtype, seed):
 
 @interpreted
 @pytest.mark.parametrize("D,seed", [(32, 6), (64, 7)])
-def test_decoding_one_query_against_a_mu_cache(D, seed):
-    """Tq = 1 at q_offset = Tk - 1 with k given as mu."""
-    check_case(2, 2, 1, 53, D, torch.float32, seed, q_offset=52, k_is_mu=True)
+def test_one_query_at_the_end(D, seed):
+    """Tq = 1 at q_offset = Tk - 1 (the fixed config of short query chunks)."""
+    check_case(2, 2, 1, 53, D, torch.float32, seed, q_offset=52)
 
 
 @interpreted
@@ -146,11 +144,6 @@ def test_query_chunk_at_an_offset():
 @pytest.mark.parametrize("dtype,seed", [(torch.float32, 9), (torch.bfloat16, 10)])
 def test_non_causal(dtype, seed):
     check_case(1, 2, 23, 58, 64, dtype, seed, causal=False)
-
-
-@interpreted
-def test_k_is_mu_with_many_queries():
-    check_case(1, 2, 35, 35, 32, torch.float32, 11, k_is_mu=True)
 
 
 @interpreted
@@ -253,15 +246,15 @@ def test_kernel_equals_the_pytorch_path_of_model_py(dtype, Tq, off, D, seed):
 def test_the_kernel_takes_the_models_frequencies(monkeypatch):
     """theta has one definition, model.pope_frequencies: a forker who changes it
     (here to RoPE's spacing, base^(-2c/D)) changes the model's attention, and the
-    kernel path (attn_impl="triton") still equals the PyTorch path."""
+    kernel path (attn_impl="triton", with the theta its layer made when built)
+    still equals the PyTorch path."""
     import model as model_lib
-    torch.manual_seed(15)
-    attn = model_lib.GPT(model_lib.GPTConfig(n_layer=1, n_head=2, n_embd=64, block_size=32, vocab_size=16,
-                                             pope_delta_init="uniform", attn_impl="torch")).transformer.h[0].attn
-    x = torch.randn(2, 25, 64)
+    x = torch.randn(2, 25, 64, generator=torch.Generator().manual_seed(15))
 
-    def both():
-        attn.attn_impl = "torch"
+    def both():  # a layer built now, on both paths
+        torch.manual_seed(15)
+        attn = model_lib.GPT(model_lib.GPTConfig(n_layer=1, n_head=2, n_embd=64, block_size=32, vocab_size=16,
+                                                 pope_delta_init="uniform", attn_impl="torch")).transformer.h[0].attn
         ref = attn(x)
         attn.attn_impl = "triton"
         return attn(x), ref
@@ -275,6 +268,20 @@ def test_the_kernel_takes_the_models_frequencies(monkeypatch):
         got, ref = both()
     assert rel_err(ref, before) > 1e-2, "seed=15: the patch changed nothing"
     assert rel_err(got, ref) < 1e-5, f"seed=15: the kernel ignores model.pope_frequencies ({rel_err(got, ref):.2e})"
+
+
+def test_each_pope_layer_holds_its_theta_outside_the_checkpoint():
+    """The frequencies the kernel path hands pope_attention are made once per layer, by
+    model.pope_frequencies at the config's base, in float32, as a buffer that moves with
+    the model and is left out of state_dict (checkpoints keep their keys)."""
+    import model as model_lib
+    cfg = model_lib.GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=16, pope_base=500.0)
+    gpt = model_lib.GPT(cfg)
+    for block in gpt.transformer.h:
+        assert block.attn.theta.dtype == torch.float32
+        assert torch.equal(block.attn.theta, model_lib.pope_frequencies(32, 500.0))
+    assert not any("theta" in name for name in gpt.state_dict())
+    assert "transformer.h.1.attn.theta" in dict(gpt.named_buffers())
 
 
 @interpreted
@@ -293,10 +300,17 @@ def test_strided_inputs_from_a_fused_projection():
 @interpreted
 def test_compiles_without_graph_break():
     """Under torch.compile the kernel is one opaque custom op (fullgraph=True
-    raises on a graph break); aot_eager traces forward and backward through its
-    fake and autograd formula. Same numbers as the eager autograd.Function."""
+    raises on a graph break; the graph Dynamo hands the backend holds the op);
+    aot_eager traces forward and backward through its fake and autograd formula.
+    Same numbers as the eager autograd.Function."""
+    from torch._dynamo.backends.registry import lookup_backend
     g = torch.Generator().manual_seed(0)
     inputs = [torch.randn(1, 2, 20, 32, generator=g) for _ in range(3)] + [torch.rand(2, 32, generator=g) * -7]
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return lookup_backend("aot_eager")(gm, example_inputs)
 
     def run(fn):
         xs = [x.clone().requires_grad_(True) for x in inputs]
@@ -308,9 +322,95 @@ def test_compiles_without_graph_break():
         return pk.pope_attention(q, k, v, d, theta(32)) * 2.0
 
     eager = run(f)
-    compiled = run(torch.compile(f, fullgraph=True, backend="aot_eager"))
+    compiled = run(torch.compile(f, fullgraph=True, backend=backend))
+    assert len(graphs) == 1 and f"{pk._NS}.fwd" in graphs[0], graphs
     for a, b in zip(compiled, eager):
         assert torch.equal(a, b)
+
+
+@interpreted
+@pytest.mark.parametrize("dtype,causal,off,seed", [(torch.bfloat16, True, 0, 18), (torch.float32, False, 0, 19),
+                                                   (torch.float16, True, 9, 20)])
+def test_eager_function_equals_the_custom_op(dtype, causal, off, seed, monkeypatch):
+    """Eagerly pope_attention runs a plain autograd.Function, never the custom op
+    (patched here to fail): its output and four gradients are bitwise those of the
+    custom op and its registered autograd formula, what a compiled graph runs."""
+    g = torch.Generator().manual_seed(seed)
+    q, do = (torch.randn(2, 3, 21, 32, generator=g).to(dtype) for _ in range(2))
+    k, v = (torch.randn(2, 3, 21 + off, 32, generator=g).to(dtype) for _ in range(2))
+    delta = torch.empty(3, 32).uniform_(-8.0, 1.0, generator=g)
+
+    def run(fn):
+        xs = [x.clone().requires_grad_(True) for x in (q, k, v, delta)]
+        out = fn(*xs)
+        return [out] + list(torch.autograd.grad(out, xs, do))
+
+    op = run(lambda q, k, v, d: pk._fwd_op(q, k, v, d, theta(32), causal, 32 ** -0.5, off, True)[0])
+
+    def refuse(*args):
+        raise AssertionError("the eager path called the custom op")
+    monkeypatch.setattr(pk, "_fwd_op", refuse)
+    monkeypatch.setattr(pk, "_bwd_op", refuse)
+    eager = run(lambda q, k, v, d: pk.pope_attention(q, k, v, d, theta(32), causal=causal, q_offset=off))
+    for name, a, b in zip(["out", "dq", "dk", "dv", "ddelta"], eager, op):
+        assert torch.isfinite(a).all() and torch.equal(a, b), f"seed={seed} {dtype}: {name} differs"
+
+
+@interpreted
+def test_the_gpu_launch_path_keeps_the_autotuners_choice(monkeypatch):
+    """The GPU's host path, run here on the interpreter: autotuning on, each autotuner's
+    timings faked so that it picks its last config for float32 inputs and its first for
+    bfloat16 (in its sorted list: neither is the untuned first; dk/dv's key blocks of 64
+    or 128 then write 1 of the 3 ddelta partial rows at Tk = 40, the others stay NaN).
+    The first call per shape and dtype goes through the autotuner, later ones launch its
+    choice directly (not through Triton's Autotuner.run again): the same configs,
+    bitwise the same numbers, near the float64 reference."""
+    from triton.runtime.interpreter import InterpretedFunction
+    tuned = (pk._pope_fwd_tuned, pk._pope_bwd_dkdv_tuned, pk._pope_bwd_dq_tuned)
+    monkeypatch.setattr(pk, "_INTERPRET", False)  # (host side only: the kernels stay interpreted)
+    monkeypatch.setattr(pk, "_AUTOTUNE", True)
+    monkeypatch.setattr(pk, "_CHOSEN", {})
+    monkeypatch.setattr(pk, "_unsupported", lambda *a: None)  # (it refuses the CPU without the interpreter)
+    tunings, ran, autotuner_runs = [], [], []
+
+    def fake_bench(*args, config, t, **kwargs):
+        tunings.append(t)
+        return t.configs.index(config) * (-1 if args[0].dtype == torch.float32 else 1)
+    for t in tuned:
+        monkeypatch.setattr(t, "cache", {})
+        monkeypatch.setattr(t, "cache_results", False)
+        monkeypatch.setattr(t, "_bench", lambda *a, t=t, **kw: fake_bench(*a, t=t, **kw))
+        monkeypatch.setattr(t, "run", lambda *a, t=t, real=t.run, **kw: autotuner_runs.append(t) or real(*a, **kw))
+    real_run = InterpretedFunction.run
+
+    def run(self, *args, **kwargs):
+        if self.fn.__name__ != "_cartesian_kernel":
+            ran.append((self.fn.__name__, kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["num_warps"]))
+        return real_run(self, *args, **kwargs)
+    monkeypatch.setattr(InterpretedFunction, "run", run)
+
+    first = {}  # dtype: (the configs its first call ran, its results)
+    for dtype in (torch.float32, torch.bfloat16, torch.float32, torch.bfloat16):
+        tunings.clear()
+        ran.clear()
+        autotuner_runs.clear()
+        got, ref = run_both(1, 2, 40, 40, 32, dtype, 21)
+        check(got, ref, dtype, f"seed=21 B=1 H=2 T=40 D=32 {dtype}, autotuned path")
+        if dtype not in first:
+            assert len(set(tunings)) == 3, f"{dtype}: not every kernel was tuned"
+            picked = [(t.fn.fn.__name__, *(t.best_config.all_kwargs()[n] for n in ("BLOCK_M", "BLOCK_N", "num_warps")))
+                      for t in tuned]
+            untuned = [(p[0], *pk._blocks(kind, 32)[0][:3]) for p, kind in zip(picked, ("fwd", "dkdv", "dq"))]
+            assert ran == picked and all(p != u for p, u in zip(picked, untuned)) and picked[1][2] > 16, (ran, picked)
+            first[dtype] = ran[:], got
+        else:
+            assert not tunings, f"{dtype}: tuned again at a shape and dtype it has tuned"
+            assert not autotuner_runs, f"{dtype}: the launches still went through Triton's Autotuner.run"
+            assert ran == first[dtype][0], (dtype, ran, first[dtype][0])
+            for name, a, b in zip(["out", "dq", "dk", "dv", "ddelta"], got, first[dtype][1]):
+                assert torch.equal(a, b), f"{dtype}: {name} differs between the tuned and the direct launch"
+    assert first[torch.float32][0] != first[torch.bfloat16][0]
+    assert len(pk._CHOSEN) == 6
 
 
 @interpreted
