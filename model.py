@@ -247,10 +247,10 @@ class CausalSelfAttention(nn.Module):
         # analysis scripts (eval_frequencies.py) read the attention's own q/k through forward hooks on these
         self.q_probe, self.k_probe = nn.Identity(), nn.Identity()
         self.scale = 1.0 / math.sqrt(self.head_dim)
-        if self.pos_emb == "pope":  # the keys' learned phase bias (initialised in GPT.__init__); theta for the kernel,
-            self.delta = nn.Parameter(torch.zeros(config.n_head, self.head_dim))  # made once, not at every forward
+        if self.pos_emb == "pope":  # delta: the keys' learned phase bias (initialised in GPT.__init__)
+            self.delta = nn.Parameter(torch.zeros(config.n_head, self.head_dim))
             self.register_buffer("theta", pope_frequencies(self.head_dim, self.pope_base, self.c_attn.weight.device),
-                                 persistent=False)
+                                 persistent=False)  # the kernel's, made once; float32 (bf16 runs under autocast)
         if self.pos_emb == "rope":
             self.set_rope_scaling(config.rope_base, config.rope_scaling,
                                   config.rope_scaling_orig_len or config.block_size)
