@@ -832,8 +832,9 @@ def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offse
 # from registers and no program reads slot pos from memory, so the write cannot race a read.
 # Given raw q and k, every program turns them itself (_decode_turn: PoPE's Cartesian form or RoPE's
 # rotation at pos, with the helpers above, so there is one copy of PoPE's math in this file): a few
-# hundred flops per program against the stack, cast, softplus, product and copy kernels per layer
-# that model.py's PyTorch path would launch before the attention.
+# hundred flops per program against the kernels per layer that model.py's PyTorch path launches
+# before the attention (a stack of q and k, then PoPE's casts, softplus and product, or RoPE's cat,
+# products and sum), and KVCache.start's cos and sin per step.
 
 _DECODE_PROGRAMS = 512  # split programs to aim for: ~4 per SM of an H100/H200 (132 SMs)
 _DECODE_TILE = 8192  # elements of one key tile (BLOCK_N keys x key width): 16 KB of bf16 in flight
