@@ -194,37 +194,40 @@ class KVCache:
     """generate()'s static cache of `context` slots per layer. A forward of T tokens writes its keys and values at
     positions pos..pos+T-1 and attends over the slots up to each; pos, a tensor, advances in place, so a one-token step
     can be replayed as a CUDA graph. Keys are kept ready to use: RoPE's rotated, PoPE's Cartesian, 3 n_embd numbers per
-    token and layer (RoPE 2). It reads theta and the bounded deltas once: keep the weights meanwhile."""
+    token and layer (RoPE 2), turned by attend. It reads theta and the bounded deltas once: keep the weights meanwhile."""
 
     def __init__(self, model, B, context, dtype):
         cfg, device, attns = model.config, model.lm_head.weight.device, [b.attn for b in model.transformer.h]
         H, D, Dk = cfg.n_head, cfg.n_embd // cfg.n_head, cfg.n_embd // cfg.n_head * (2 if cfg.pos_emb == "pope" else 1)
-        self.k = [torch.zeros(B, H, context, Dk, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
-        self.v = [torch.zeros(B, H, context, D, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.k, self.v = ([torch.zeros(B, H, context, w, device=device, dtype=dtype) for _ in range(cfg.n_layer)] for w in (Dk, D))
         self.slots, self.pos = torch.arange(context, device=device), torch.zeros((), dtype=torch.long, device=device)
-        self.pos_emb, self.dtype = cfg.pos_emb, dtype
+        self.pos_emb, self.dtype, self.turn = cfg.pos_emb, dtype, [{}] * cfg.n_layer  # turn: the kernel's, per layer
         why = pope_kernel.decode_unsupported_reason(self.k[0], self.v[0]) if pope_kernel else KERNEL_MISSING
         self.kernel = why is None and (cfg.attn_impl == "triton" or cfg.attn_impl == "auto" and device.type == "cuda")
         if cfg.pos_emb == "pope":  # in the dtype pope_cartesian computes in
             self.theta = pope_frequencies(D, cfg.pope_base, device, torch.promote_types(dtype, torch.float32))
             self.delta = torch.stack([pope_delta(a.delta, a.delta_bound) for a in attns]).to(self.theta.dtype)
+            self.turn = [dict(theta=self.theta, delta=d) for d in self.delta]
         if cfg.pos_emb == "rope":
-            self.inv_freq = torch.stack([a.inv_freq for a in attns])  # (L, D/2)
+            self.inv_freq, self.turn = torch.stack([a.inv_freq for a in attns]), [dict(inv_freq=a.inv_freq) for a in attns]
 
     def start(self, T):  # GPT.forward's: the positions of its T tokens, the slots each sees, what turns q and k
         self.positions = self.pos + self.slots[:T]
-        if T > 1 or not self.kernel:  # (T, context): the mask of every slot past each query
+        if T > 1 or not self.kernel:  # (T, context): the mask of every slot past each query; the kernel needs neither
             self.bias = torch.where(self.slots > self.positions[:, None], -math.inf, 0.0).to(self.dtype)
-        if self.pos_emb == "pope":  # per layer, for q and k stacked: the queries' (T, 2, D) and the keys' (H, T, 2, D)
-            rk = pope_cos_sin(self.positions, self.theta, self.delta)  # (L, H, T, 2, D)
-            self.rotation = torch.stack([pope_cos_sin(self.positions, self.theta).expand_as(rk), rk], 1)[:, :, None]
-        if self.pos_emb == "rope":  # per layer: the layer's cos and sin, (T, D) each
-            self.rotation = list(zip(*(r.to(self.dtype) for r in rope_cos_sin(self.inv_freq, self.positions))))
+            if self.pos_emb == "pope":  # per layer, for q and k stacked: the queries' (T, 2, D), the keys' (H, T, 2, D)
+                rk = pope_cos_sin(self.positions, self.theta, self.delta)  # (L, H, T, 2, D)
+                self.rotation = torch.stack([pope_cos_sin(self.positions, self.theta).expand_as(rk), rk], 1)[:, :, None]
+            if self.pos_emb == "rope":  # per layer: the layer's cos and sin, (T, D) each
+                self.rotation = list(zip(*(r.to(self.dtype) for r in rope_cos_sin(self.inv_freq, self.positions))))
         self.pos += T
 
-    def attend(self, layer, q, k, v, scale):  # writes k and v at these positions, attends over the slots up to each
-        if q.size(2) == 1 and self.kernel:  # one token: 2 kernels, which write k and v too and read slots 0..pos only
-            return pope_kernel.decode_attention(q, k, v, self.k[layer], self.v[layer], self.positions, scale)
+    def attend(self, layer, q, k, v, scale):  # turns raw q and k, writes k and v, attends over the slots up to each
+        if q.size(2) == 1 and self.kernel:  # one token: 2 kernels, which turn q and k, write k and v, read slots 0..pos
+            return pope_kernel.decode_attention(q, k, v, self.k[layer], self.v[layer], self.positions, scale, **self.turn[layer])
+        if self.pos_emb != "none":  # q and k stacked: one set of kernels turns both (PoPE: pope_attention_torch's)
+            rot, qk = self.rotation[layer], torch.stack([q, k])
+            q, k = pope_cartesian(qk, rot).to(v.dtype) if self.pos_emb == "pope" else apply_rope(qk, *rot)
         k = self.k[layer].index_copy_(2, self.positions, k)  # (index_copy_ returns the whole cache)
         v = self.v[layer].index_copy_(2, self.positions, v)
         if q.size(2) > 1:  # a prefill: SDPA picks a fused kernel that takes the mask
@@ -271,11 +274,8 @@ class CausalSelfAttention(nn.Module):
                 warnings.warn(f"PoPE Triton kernel not used ({why}); running the PyTorch path of model.py")
             y = pope_kernel.pope_attention(q, k, v, delta, self.theta) if kernel else \
                 pope_attention_torch(q, k, v, delta, base=self.pope_base)
-        else:  # one attention call; with a cache, over the slots up to each query (KVCache.attend)
-            if cache is not None and self.pos_emb != "none":  # q and k stacked: one set of kernels turns both
-                rot, qk = cache.rotation[self.layer_idx], torch.stack([q, k])  # PoPE: pope_attention_torch's Cartesian
-                q, k = pope_cartesian(qk, rot).to(v.dtype) if self.pos_emb == "pope" else apply_rope(qk, *rot)
-            elif self.pos_emb == "rope":
+        else:  # one attention call; with a cache, over the slots up to each query (KVCache.attend turns q and k)
+            if cache is None and self.pos_emb == "rope":
                 rot = rope_cos_sin(self.inv_freq, torch.arange(T, device=x.device))
                 q, k = apply_rope(q, *rot), apply_rope(k, *rot)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale) if cache is None else \

@@ -18,10 +18,12 @@ key j is visible to query i iff j <= q_offset+i. sm_scale defaults to
 1/sqrt(D). Supported: CUDA (compute capability 8.0+), or the CPU under TRITON_INTERPRET=1 set before this module is imported; bf16,
 fp16 or fp32; head dim 32, 64 or 128. Anything else raises PopeKernelUnsupported.
 
-For model.KVCache's one-token steps, plain attention of one query per (batch,
-head) over a static cache of ready keys (any power-of-two key width: no PoPE
-math), the new key and value written at a position read on the device:
-    decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale)
+For model.KVCache's one-token steps, attention of one query per (batch, head)
+over a static cache of ready keys (PoPE's Cartesian, RoPE's rotated: any
+power-of-two key width), the new key and value written at a position read on
+the device; q and k come in ready, or raw with what turns them (PoPE: theta and
+the layer's bounded delta; RoPE: the layer's inv_freq), turned in the kernel:
+    decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, delta=None, inv_freq=None)
     decode_unsupported_reason(k_cache, v_cache) -> None or why not
 (section "decoding" at the end of this file).
 
@@ -55,6 +57,7 @@ CPU tests: python -m pytest tests/test_kernel.py (runs under TRITON_INTERPRET=1)
 import contextlib
 import math
 import os
+from typing import Optional
 
 import torch
 import triton
@@ -145,8 +148,13 @@ def _cos_sin(phase):
     # After that the hardware's sin.approx/cos.approx (abs. error ~5e-7) do;
     # libdevice's sinf/cosf would add a Payne-Hanek path with a local-memory array.
     k = tl.floor(phase * 0.15915494309189535 + 0.5)
-    r = tl.fma(k, -6.2831854820251465, phase)
-    r = tl.fma(k, 1.7484556000744883e-07, r)
+    if _INTERPRETED:  # Triton 3.6's interpreter rounds an fma's product to float32 first (a phase of 8000
+        # would lose ~1e-4 rad): the same two steps in float64, the first exact as the GPU's fma is
+        r = (phase.to(tl.float64) - k.to(tl.float64) * 6.2831854820251465).to(tl.float32)
+        r = (r.to(tl.float64) + k.to(tl.float64) * 1.7484556000744883e-07).to(tl.float32)
+    else:
+        r = tl.fma(k, -6.2831854820251465, phase)
+        r = tl.fma(k, 1.7484556000744883e-07, r)
     if _INTERPRETED:
         c = tl.cos(r)
         s = tl.sin(r)
@@ -822,6 +830,11 @@ def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offse
 # without a host sync, and slots past pos are never read. The split program that holds slot pos
 # also writes the new key and value there (no index_copy_ launches); it attends to the new key
 # from registers and no program reads slot pos from memory, so the write cannot race a read.
+# Given raw q and k, every program turns them itself (_decode_turn: PoPE's Cartesian form or RoPE's
+# rotation at pos, with the helpers above, so there is one copy of PoPE's math in this file): a few
+# hundred flops per program against the kernels per layer that model.py's PyTorch path launches
+# before the attention (a stack of q and k, then PoPE's casts, softplus and product, or RoPE's cat,
+# products and sum), and KVCache.start's cos and sin per step.
 
 _DECODE_PROGRAMS = 512  # split programs to aim for: ~4 per SM of an H100/H200 (132 SMs)
 _DECODE_TILE = 8192  # elements of one key tile (BLOCK_N keys x key width): 16 KB of bf16 in flight
@@ -829,14 +842,43 @@ _DECODE_TILE = 8192  # elements of one key tile (BLOCK_N keys x key width): 16 K
 #   CUDA graph captures whatever is launched, and the step is bound by reading the cache.
 
 
+_READY, _POPE, _ROPE = 0, 1, 2  # TURN: q and k come ready, or raw to be turned as PoPE or RoPE turns them
+
+
 @triton.jit
-def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART,
+def _decode_turn(X, sxd, pos, FREQ, DELTA, TURN: tl.constexpr, KEY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """The KEY_DIM-long float32 query or key from X (one row, stride sxd) at position pos. _POPE: X raw
+    (HEAD_DIM wide), [mu cos(phi), mu sin(phi)] with phi = pos * theta_c (+ delta_c for a key: DELTA not
+    None), as model.pope_cartesian in float32; _ROPE: X raw, rotated as model.apply_rope (rotate-half)
+    by pos * inv_freq_i; _READY: X as it is."""
+    offs = tl.arange(0, KEY_DIM)
+    if TURN == 1:  # entries c and HEAD_DIM + c both come from raw channel c
+        c = offs % HEAD_DIM
+        phase = pos.to(tl.float32) * tl.load(FREQ + c)
+        if DELTA is not None:
+            phase = phase + tl.load(DELTA + c)
+        cos, sin = _cos_sin(phase)
+        x = _softplus(tl.load(X + c * sxd).to(tl.float32)) * tl.where(offs < HEAD_DIM, cos, sin)
+    elif TURN == 2:  # x[i] + 1j x[i + D/2] times e^(1j pos inv_freq_i)
+        half: tl.constexpr = HEAD_DIM // 2
+        cos, sin = _cos_sin(pos.to(tl.float32) * tl.load(FREQ + offs % half))
+        x = tl.load(X + offs * sxd).to(tl.float32)
+        y = tl.load(X + ((offs + half) % HEAD_DIM) * sxd).to(tl.float32)
+        x = x * cos + tl.where(offs < half, -y, y) * sin
+    else:
+        x = tl.load(X + offs * sxd).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART, FREQ, DELTA,
                          sqb, sqh, sqd, sknb, sknh, sknd, svnb, svnh, svnd,
-                         skb, skh, skt, skd, svb, svh, svt, svd,
+                         skb, skh, skt, skd, svb, svh, svt, svd, sdh,
                          H, N, SPLITS, qk_scale,
-                         KEY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+                         KEY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TURN: tl.constexpr):
     """Program (split, bh): chunk `split` of (batch, head) bh's keys 0..pos -> PART[bh, split] = (acc, max, sum),
-    the max and sum of exp2(scores - max) in log2 units (qk_scale holds sm_scale * log2(e))."""
+    the max and sum of exp2(scores - max) in log2 units (qk_scale holds sm_scale * log2(e)). TURN: _decode_turn's
+    (FREQ and DELTA (H, HEAD_DIM), row stride sdh, are read only for the TURN that needs them)."""
     split = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -848,7 +890,7 @@ def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART,
     if (lo < hi) & (pos < N):  # chunks past pos do nothing (the reduce skips them); pos >= N: nothing at all
         offs_k = tl.arange(0, KEY_DIM)
         offs_d = tl.arange(0, HEAD_DIM)
-        q = tl.load(Q + b * sqb + h * sqh + offs_k * sqd).to(tl.float32) * qk_scale
+        q = _decode_turn(Q + b * sqb + h * sqh, sqd, pos, FREQ, None, TURN, KEY_DIM, HEAD_DIM) * qk_scale
         KC += b * skb + h * skh
         VC += b * svb + h * svh
         m = float("-inf")
@@ -869,7 +911,8 @@ def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART,
             l = l * alpha + tl.sum(p, 0)
             m = m_new
         if hi == pos + 1:  # the chunk of slot pos: the new key and value, rounded to the cache's dtype
-            kn = _cast(tl.load(KN + b * sknb + h * sknh + offs_k * sknd).to(tl.float32), KC.dtype.element_ty)
+            kn = _decode_turn(KN + b * sknb + h * sknh, sknd, pos, FREQ, DELTA + h * sdh, TURN, KEY_DIM, HEAD_DIM)
+            kn = _cast(kn, KC.dtype.element_ty)
             vn = _cast(tl.load(VN + b * svnb + h * svnh + offs_d * svnd).to(tl.float32), VC.dtype.element_ty)
             tl.store(KC + pos * skt + offs_k * skd, kn)
             tl.store(VC + pos * svt + offs_d * svd, vn)
@@ -931,39 +974,60 @@ def decode_unsupported_reason(k_cache, v_cache):
     return None
 
 
-def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, splits=None, block_n=None):
+def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, delta=None, inv_freq=None,
+                     splits=None, block_n=None):
     """One query per (batch, head) over a static cache, the new key and value written at slot pos:
     k_cache[:, :, pos] = k, v_cache[:, :, pos] = v, then softmax(sm_scale q k_cache[..., :pos+1]^T)
     v_cache[..., :pos+1], the softmax in float32. q, k (B, H, 1, Dk) and v (B, H, 1, D), any strides;
     k_cache (B, H, N, Dk) and v_cache (B, H, N, D) as decode_unsupported_reason accepts them; pos a
     one-element integer tensor on their device (read there: no host sync, CUDA-graph safe), 0 <= pos
     < N (past N nothing is written and the output is NaN). Returns (B, H, 1, D) in the cache dtype.
+    Raw q and k (B, H, 1, D), turned at pos in the kernel (float32, the key then rounded to the cache
+    dtype): with theta (D,) and delta (H, D), PoPE's Cartesian form (Dk = 2D: model.pope_cartesian's);
+    with inv_freq (D/2,), RoPE's rotation (Dk = D: model.apply_rope's). theta, delta and inv_freq are
+    used as given (float32, rows contiguous; bound delta with model.pope_delta first).
     splits and block_n (a power of two >= 16) override the launch's (tests: many chunks at small N)."""
     B, H, N, Dk = k_cache.shape
     D = v_cache.size(-1)
-    if q.shape != (B, H, 1, Dk) or k.shape != (B, H, 1, Dk) or v.shape != (B, H, 1, D) or pos.numel() != 1:
-        raise ValueError(f"need q, k (B={B}, H={H}, 1, {Dk}), v (.., 1, {D}), one pos for caches "
+    turn = _POPE if theta is not None else _ROPE if inv_freq is not None else _READY
+    Dq = Dk if turn == _READY else D
+    if q.shape != (B, H, 1, Dq) or k.shape != (B, H, 1, Dq) or v.shape != (B, H, 1, D) or pos.numel() != 1:
+        raise ValueError(f"need q, k (B={B}, H={H}, 1, {Dq}), v (.., 1, {D}), one pos for caches "
                          f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}; got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}, v {tuple(v.shape)}, pos {tuple(pos.shape)}")
+    if turn == _POPE and (Dk != 2 * D or delta is None or delta.shape != (H, D) or theta.shape != (D,)) or \
+            turn == _ROPE and (Dk != D or inv_freq.shape != (D // 2,)):
+        raise ValueError(f"need theta ({D},) and delta ({H}, {D}) for 2D-wide PoPE keys, or inv_freq ({D // 2},) "
+                         f"for D-wide RoPE keys; got key width {Dk}, theta {_shape(theta)}, delta {_shape(delta)}, "
+                         f"inv_freq {_shape(inv_freq)}")
+    freq = theta if turn == _POPE else inv_freq
     block_n = block_n or max(16, _DECODE_TILE // Dk)
     splits = splits or min(triton.cdiv(N, block_n), triton.cdiv(_DECODE_PROGRAMS, B * H))
     # traced by torch.compile (generate's mode="compile"), the launch is one opaque op that writes the
     # caches; run eagerly or captured in a CUDA graph, the plain function (no dispatcher in between)
     run = _decode_op if torch.compiler.is_compiling() else _decode
-    return run(q, k, v, k_cache, v_cache, pos, float(sm_scale), splits, block_n)
+    return run(q, k, v, k_cache, v_cache, pos, freq, delta if turn == _POPE else None, float(sm_scale), turn,
+               splits, block_n)
 
 
-def _decode(q, k, v, k_cache, v_cache, pos, sm_scale, splits, block_n):
+def _shape(x):
+    return None if x is None else tuple(x.shape)
+
+
+def _decode(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, turn, splits, block_n):
     B, H, N, Dk = k_cache.shape
     D = v_cache.size(-1)
     with _on_device(k_cache):
         out = _empty((B, H, 1, D), v_cache)
         part = _empty((B * H, splits, D + 2), v_cache, torch.float32)  # (in a CUDA graph: its pool's, once)
+        # (ready keys: the caches stand in for the pointers the kernel does not read)
+        freq = k_cache if freq is None else freq
+        delta = k_cache if delta is None else delta
         _decode_split_kernel[(splits, B * H)](
-            q, k, v, k_cache, v_cache, pos, part, q.stride(0), q.stride(1), q.stride(3),
+            q, k, v, k_cache, v_cache, pos, part, freq, delta, q.stride(0), q.stride(1), q.stride(3),
             k.stride(0), k.stride(1), k.stride(3), v.stride(0), v.stride(1), v.stride(3),
-            *k_cache.stride(), *v_cache.stride(), H, N, splits, sm_scale * 1.4426950408889634,
-            KEY_DIM=Dk, HEAD_DIM=D, BLOCK_N=block_n, num_warps=4)
+            *k_cache.stride(), *v_cache.stride(), delta.stride(0), H, N, splits, sm_scale * 1.4426950408889634,
+            KEY_DIM=Dk, HEAD_DIM=D, BLOCK_N=block_n, TURN=turn, num_warps=4)
         _decode_reduce_kernel[(B * H,)](part, out, pos, out.stride(0), out.stride(1), out.stride(3), H, N, splits,
                                         HEAD_DIM=D, BLOCK_N=block_n, SPLITS_POW2=triton.next_power_of_2(splits),
                                         num_warps=4)
@@ -972,10 +1036,11 @@ def _decode(q, k, v, k_cache, v_cache, pos, sm_scale, splits, block_n):
 
 @torch.library.custom_op(f"{_NS}::decode", mutates_args=("k_cache", "v_cache"))
 def _decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               pos: torch.Tensor, sm_scale: float, splits: int, block_n: int) -> torch.Tensor:
-    return _decode(q, k, v, k_cache, v_cache, pos, sm_scale, splits, block_n)
+               pos: torch.Tensor, freq: Optional[torch.Tensor], delta: Optional[torch.Tensor], sm_scale: float,
+               turn: int, splits: int, block_n: int) -> torch.Tensor:
+    return _decode(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, turn, splits, block_n)
 
 
 @_decode_op.register_fake
-def _(q, k, v, k_cache, v_cache, pos, sm_scale, splits, block_n):
+def _(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, turn, splits, block_n):
     return v_cache.new_empty((*k_cache.shape[:2], 1, v_cache.size(-1)))

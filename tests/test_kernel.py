@@ -9,7 +9,9 @@ starts as NaN, and a NaN fails the check. Two backward runs must agree bitwise.
 The kernel takes model.py's frequencies, and the model trains a few steps with
 attn_impl="triton" as it does with "torch". The decoding kernel (one query against
 a static cache, split over the keys) against a float64 softmax-attention reference
-at every chunk boundary, and generate() on it against the cache's PyTorch path.
+at every chunk boundary; given raw q and k, its PoPE and RoPE turning against float64
+formulas (up to position 8000) and the key it caches against model.py's; generate()
+on it against the cache's PyTorch path, and what a cached step launches per layer.
 
 Why a subprocess: Triton reads TRITON_INTERPRET when a kernel is *decorated*,
 its own library kernels (tl.sum, tl.max, tl.sigmoid...) included, i.e. when
@@ -573,11 +575,113 @@ def test_decoding_kernel_past_the_cache_writes_nothing(monkeypatch):
     assert "capability (7, 5)" in pk.decode_unsupported_reason(kc, vc)
 
 
-def tiny_float(pos_emb, attn_impl):
-    """A small float32 model (D = 32) with weights large enough that greedy tokens depend on the context."""
+def turn_f64(x, pos, theta=None, delta=None, inv_freq=None):
+    """Raw x (B, H, 1, D) turned at position pos in float64, from the formulas (not model.py's code): PoPE (theta),
+    [mu cos(phi), mu sin(phi)] with mu = softplus(x) and phi_c = pos theta_c (+ delta[h, c]: a key); RoPE (inv_freq),
+    (x_i + 1j x_{i+D/2}) e^(1j pos inv_freq_i) as [real parts, imaginary parts]. The phases are rounded to float32
+    where model.py (and the kernel) make them in float32: pos * theta, then + delta; every other step is float64."""
+    x = x.double()
+    if theta is not None:
+        phase = (pos * theta.double()).float()  # (pos < 2^24 times a float32: exact in float64, then one rounding)
+        if delta is not None:
+            phase = (phase.double() + delta.double()[:, None, :]).float()  # (H, 1, D)
+        mu = torch.logaddexp(x, torch.zeros((), dtype=torch.float64))  # softplus
+        return torch.cat([mu * torch.cos(phase.double()), mu * torch.sin(phase.double())], -1)
+    ang = (pos * inv_freq.double()).float().double()
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat([x1 * torch.cos(ang) - x2 * torch.sin(ang), x1 * torch.sin(ang) + x2 * torch.cos(ang)], -1)
+
+
+_NMANT = {torch.float32: 23, torch.bfloat16: 7}
+
+
+def ulp_of(x, dtype):
+    """One unit in the last place of `dtype` at |x| (normal numbers), float64."""
+    return torch.exp2(torch.floor(torch.log2(x.double().abs().clamp(min=torch.finfo(dtype).tiny))) - _NMANT[dtype])
+
+
+def check_turned_decode(mode, D, dtype, seed, N, positions, **kw):
+    """decode_attention on raw q and k (mode "pope": theta and delta; "rope": inv_freq) at each position: the output
+    against decode_f64 over the float64 turned query and key (turn_f64), the cache's slot pos holding the key the
+    PyTorch path writes (model.pope_cartesian / model.apply_rope in float32, then rounded to the cache dtype), and
+    every other slot untouched. Slot pos and all past it start as NaN. Raw inputs of scale 2: softplus far from linear."""
+    from model import apply_rope, pope_cartesian, pope_cos_sin, rope_cos_sin
+    B, H = 2, 2
+    g = torch.Generator().manual_seed(seed)
+    scale = (0.5 + torch.rand(1, generator=g).item()) / math.sqrt(D)
+    if mode == "pope":  # theta_c = base^(-c/D) rounded to float32 as the model keeps it; delta in [-2pi, 0]
+        turn = dict(theta=(10000.0 ** (-torch.arange(D, dtype=torch.float64) / D)).float(),
+                    delta=-2 * math.pi * torch.rand(H, D, generator=g))
+    else:  # base^(-2i/D), i < D/2
+        turn = dict(inv_freq=(10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)).float())
+    Dk = 2 * D if mode == "pope" else D
+    for pos in positions:
+        what = f"seed={seed} {mode} D={D} {dtype} N={N} pos={pos} {kw}"
+        q, k = ((2 * torch.randn(B, H, 1, D, generator=g)).to(dtype) for _ in range(2))
+        v = torch.randn(B, H, 1, D, generator=g).to(dtype)
+        kc, vc = torch.randn(B, H, N, Dk, generator=g).to(dtype), torch.randn(B, H, N, D, generator=g).to(dtype)
+        kc[:, :, pos:], vc[:, :, pos:] = float("nan"), float("nan")
+        before_k, before_v = kc.clone(), vc.clone()
+        qt = turn_f64(q, pos, turn.get("theta"), None, turn.get("inv_freq"))
+        kt = turn_f64(k, pos, **turn)
+        ref = decode_f64(qt, kt, v, kc, vc, pos, scale)
+        out = pk.decode_attention(q, k, v, kc, vc, torch.tensor([pos]), scale, **turn, **kw)
+        assert out.shape == (B, H, 1, D) and out.dtype == dtype, f"{what}: {tuple(out.shape)} {out.dtype}"
+        assert torch.isfinite(out).all(), f"{what}: NaN/inf in the output (a slot >= pos read, or one not written)"
+        assert rel_err(out, ref) < BOUND[dtype][0], f"{what}: rel err {rel_err(out, ref):.2e}"
+        got = kc[:, :, pos:pos + 1]
+        posv = torch.tensor([pos])
+        if mode == "pope":
+            want = pope_cartesian(k, pope_cos_sin(posv, turn["theta"], turn["delta"])).to(dtype)
+            at = F.softplus(k.float()).repeat(1, 1, 1, 2)  # the error sits in mu or in the phase: units of mu
+        else:
+            want = apply_rope(k.float(), *rope_cos_sin(turn["inv_freq"], posv)).to(dtype)
+            at = k.float().abs().amax(-1, keepdim=True)  # x cos - y sin cancels: units of the inputs' scale
+        # One ulp of the cache dtype at the value, after what the two float32 computations may disagree by: RoPE 4
+        # float32 ulps of the scale (each path rounds x cos, y sin and their sum, and its cos and sin differ in the
+        # last place); PoPE 128 of mu, as _softplus's log(1 + e), e = exp(-|x|) >= 0.01, shared with the training
+        # kernel, is off F.softplus by up to 65 ulps (x ~ -4.3); the range reductions differ by an ulp of the
+        # reduced phase (~1e-7 rad), more than a bfloat16 ulp of mu cos(phi) where cos(phi) ~ 0
+        tol = ulp_of(want, dtype) + ulp_of(at, torch.float32) * (128 if mode == "pope" else 4)
+        err = (got.double() - want.double()).abs()
+        assert (err <= tol).all(), f"{what}: slot pos off the PyTorch path's key by {(err / tol).max():.2f} tolerances"
+        assert rel_err(got, kt) < BOUND[dtype][0], f"{what}: slot pos rel err {rel_err(got, kt):.2e} against float64"
+        before_k[:, :, pos], before_v[:, :, pos] = got[:, :, 0], v[:, :, 0]
+        for name, a, b in (("k", kc, before_k), ("v", vc, before_v)):
+            assert torch.equal(a.nan_to_num(1e4), b.nan_to_num(1e4)), f"{what}: the {name} cache is wrong"
+
+
+@interpreted
+@pytest.mark.parametrize("mode", ["pope", "rope"])
+@pytest.mark.parametrize("D", [32, 64, 128])
+@pytest.mark.parametrize("dtype,seed", [(torch.float32, 60), (torch.bfloat16, 61)])
+def test_decoding_kernel_turns_raw_q_and_k(mode, D, dtype, seed):
+    """Raw q and k turned in the kernel: positions 0, a middle one and the last of 83 slots in 3 chunks of
+    16-key blocks, then far past any block_size (8000, 8008: phases of 8000 rad, where float32 keeps ~1e-4
+    rad and a careless range reduction loses more) on a long cache, in 4 chunks of 512-key blocks."""
+    check_turned_decode(mode, D, dtype, seed + D, 83, [0, 40, 82], splits=3, block_n=16)
+    check_turned_decode(mode, D, dtype, seed + D + 1, 8009, [8000, 8008], splits=4, block_n=512)
+
+
+@interpreted
+def test_decoding_kernel_refuses_what_cannot_turn():
+    """Turning input whose widths do not fit the caches: a one-line error naming the shapes."""
+    kc, vc = torch.zeros(1, 2, 8, 64), torch.zeros(1, 2, 8, 32)
+    q = torch.zeros(1, 2, 1, 32)
+    th, de = torch.ones(32), torch.zeros(2, 32)
+    with pytest.raises(ValueError, match=r"delta \(2, 32\).*delta None"):
+        pk.decode_attention(q, q, q, kc, vc, torch.tensor([0]), 1.0, theta=th)
+    with pytest.raises(ValueError, match="key width 64"):  # RoPE keys are D-wide
+        pk.decode_attention(q, q, q, kc, vc, torch.tensor([0]), 1.0, inv_freq=torch.ones(16))
+    with pytest.raises(ValueError, match=r"need q, k \(B=1, H=2, 1, 32\)"):  # raw q is D-wide
+        pk.decode_attention(torch.zeros(1, 2, 1, 64), q, q, kc, vc, torch.tensor([0]), 1.0, theta=th, delta=de)
+
+
+def tiny_float(pos_emb, attn_impl, D=32):
+    """A small float32 model (head dim D) with weights large enough that greedy tokens depend on the context."""
     from model import GPT, GPTConfig
     torch.manual_seed(42)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=24, vocab_size=50, pos_emb=pos_emb,
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=2 * D, block_size=24, vocab_size=50, pos_emb=pos_emb,
                           pope_delta_init="uniform", attn_impl=attn_impl)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -587,20 +691,22 @@ def tiny_float(pos_emb, attn_impl):
 
 
 @interpreted
+@pytest.mark.parametrize("D", [32, 64])
 @pytest.mark.parametrize("pos_emb", ["pope", "rope"])
-def test_generate_on_the_decoding_kernel_equals_the_pytorch_path(pos_emb, monkeypatch):
-    """attn_impl="triton" runs generate()'s one-token steps on the decoding kernel (counted), "torch"
-    on the cache's PyTorch path: the same greedy tokens, prompt + 30 > context 24 (so the window
-    moves too), and the same logits at every step of a cache fed random tokens."""
+def test_generate_on_the_decoding_kernel_equals_the_pytorch_path(pos_emb, D, monkeypatch):
+    """attn_impl="triton" runs generate()'s one-token steps on the decoding kernel (counted, given raw
+    q and k to turn), "torch" on the cache's PyTorch path: the same greedy tokens, prompt + 30 > context
+    24 (so the window moves too), and the same logits at every step of a cache fed random tokens."""
     from model import KVCache
     calls = []
     real = pk.decode_attention
-    monkeypatch.setattr(pk, "decode_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    models = {impl: tiny_float(pos_emb, impl) for impl in ("triton", "torch")}
+    monkeypatch.setattr(pk, "decode_attention", lambda *a, **kw: calls.append(sorted(kw)) or real(*a, **kw))
+    models = {impl: tiny_float(pos_emb, impl, D) for impl in ("triton", "torch")}
     idx = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(43))
     out = {impl: m.generate(idx, 30, temperature=0.0, context=24) for impl, m in models.items()}
     assert len(calls) == 2 * (24 - 5), len(calls)  # 2 layers, the steps until the context is full
-    assert torch.equal(out["triton"], out["torch"]), f"seed=42/43 {pos_emb}: {out}"
+    assert all(kw == (["delta", "theta"] if pos_emb == "pope" else ["inv_freq"]) for kw in calls), calls[0]
+    assert torch.equal(out["triton"], out["torch"]), f"seed=42/43 {pos_emb} D={D}: {out}"
     caches = {impl: KVCache(m, 2, 24, torch.float32) for impl, m in models.items()}
     assert caches["triton"].kernel and not caches["torch"].kernel
     g = torch.Generator().manual_seed(44)
@@ -609,8 +715,68 @@ def test_generate_on_the_decoding_kernel_equals_the_pytorch_path(pos_emb, monkey
         for step in range(8):
             logits = {impl: m(tok, cache=caches[impl])[0] for impl, m in models.items()}
             err = rel_err(logits["triton"], logits["torch"])
-            assert err < 1e-5, f"seed=42/44 {pos_emb} step {step}: rel err {err:.2e}"
+            assert err < 1e-5, f"seed=42/44 {pos_emb} D={D} step {step}: rel err {err:.2e}"
             tok = torch.randint(0, 50, (2, 1), generator=g)
+
+
+def step_launches(pos_emb, attn_impl, n_layer):
+    """What one cached one-token step launches: {name: count} of the aten ops that are no views or
+    allocations (TorchDispatchMode; each a kernel on a GPU) and of the Triton kernels (the interpreter's
+    own torch calls inside a launch not counted)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from model import GPT, GPTConfig, KVCache
+    seen, inside = {}, []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if not (inside or func.is_view or name.startswith(("empty", "new_empty"))):
+                seen[name] = seen.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    real = InterpretedFunction.run
+
+    def run(self, *args, **kwargs):
+        seen["triton." + self.fn.__name__] = seen.get("triton." + self.fn.__name__, 0) + 1
+        inside.append(1)
+        try:
+            return real(self, *args, **kwargs)
+        finally:
+            inside.pop()
+    torch.manual_seed(46)
+    model = GPT(GPTConfig(n_layer=n_layer, n_head=2, n_embd=64, block_size=16, vocab_size=50, pos_emb=pos_emb,
+                          attn_impl=attn_impl)).eval()
+    cache = KVCache(model, 1, 16, torch.float32)
+    with torch.no_grad():
+        model(torch.zeros(1, 4, dtype=torch.long), cache=cache)  # the prefill
+        InterpretedFunction.run = run
+        try:
+            with Record():
+                model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+        finally:
+            InterpretedFunction.run = real
+    return seen
+
+
+@interpreted
+def test_a_cached_step_on_the_kernel_launches_what_a_nope_step_does():
+    """On the decoding kernel, a PoPE or RoPE one-token step launches per layer exactly what a NoPE step
+    does (the kernel turns q and k: no stack, softplus, cat, cos or sin, per layer or per step), two
+    Triton kernels a layer. On the PyTorch path those ops are there (the counter sees them)."""
+    def per_layer(pos_emb, impl):
+        one, three = step_launches(pos_emb, impl, 1), step_launches(pos_emb, impl, 3)
+        return {op: (three.get(op, 0) - one.get(op, 0)) / 2 for op in set(one) | set(three)}, three
+    nope, _ = per_layer("none", "triton")
+    assert nope["triton._decode_split_kernel"] == nope["triton._decode_reduce_kernel"] == 1, nope
+    turning = ("stack", "softplus", "cat", "cos", "sin", "neg", "_to_copy")
+    for pos_emb in ("pope", "rope"):
+        layer, step = per_layer(pos_emb, "triton")
+        assert layer == nope, (pos_emb, sorted(layer.items()), sorted(nope.items()))
+        assert not [op for op in turning if op in step], (pos_emb, sorted(step.items()))
+        _, torch_step = per_layer(pos_emb, "torch")
+        assert "stack" in torch_step and ("softplus" if pos_emb == "pope" else "cat") in torch_step, torch_step
 
 
 @interpreted
