@@ -192,14 +192,14 @@ def use_pope_kernel(attn_impl, q, k, v, delta):
 
 class KVCache:
     """generate()'s static cache of `context` slots per layer. A forward of T tokens writes its keys and values at
-    positions pos..pos+T-1 and attends over the slots up to each; pos, a tensor, advances in place, so a one-token step
-    can be replayed as a CUDA graph. Keys are kept ready to use: RoPE's rotated, PoPE's Cartesian, 3 n_embd numbers per
-    token and layer (RoPE 2), turned by attend. It reads theta and the bounded deltas once: keep the weights meanwhile."""
+    positions pos..pos+T-1 and attends over the slots up to each; pos, a tensor, advances in place, so a one-token
+    step can be replayed as a CUDA graph. Keys are kept ready to use (attend turns them): RoPE's rotated, PoPE's
+    Cartesian, 3 n_embd numbers per token and layer (RoPE 2). theta and the bounded deltas are read once."""
 
     def __init__(self, model, B, context, dtype):
         cfg, device, attns = model.config, model.lm_head.weight.device, [b.attn for b in model.transformer.h]
         H, D, Dk = cfg.n_head, cfg.n_embd // cfg.n_head, cfg.n_embd // cfg.n_head * (2 if cfg.pos_emb == "pope" else 1)
-        self.k, self.v = ([torch.zeros(B, H, context, w, device=device, dtype=dtype) for _ in range(cfg.n_layer)] for w in (Dk, D))
+        self.k, self.v = ([torch.zeros(B, H, context, w, device=device, dtype=dtype) for _ in attns] for w in (Dk, D))
         self.slots, self.pos = torch.arange(context, device=device), torch.zeros((), dtype=torch.long, device=device)
         self.pos_emb, self.dtype, self.turn = cfg.pos_emb, dtype, [{}] * cfg.n_layer  # turn: the kernel's, per layer
         why = pope_kernel.decode_unsupported_reason(self.k[0], self.v[0]) if pope_kernel else KERNEL_MISSING
