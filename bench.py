@@ -268,10 +268,11 @@ def decode_kernel_check():
 
 
 def decode_check():
-    """The decoding kernel against float64 (decode_kernel_check), then greedy decoding on a
-    CUDA graph (and compiled) against eager decoding, bf16 autocast, both on that kernel: the
-    same tokens, token for token. Positions run past block_size (context 2x) and past the context
-    (each token from the last `context` tokens). Sampling on the graph draws only real ids."""
+    """The decoding kernel against float64 (decode_kernel_check) and, turning raw q and k, against
+    the PyTorch path (a cached step's logits); then greedy decoding on a CUDA graph (and compiled)
+    against eager decoding, bf16 autocast, both on that kernel: the same tokens, token for token.
+    Positions run past block_size (context 2x) and past the context (each token from the last
+    `context` tokens). Sampling on the graph draws only real ids."""
     header("decoding: the one-token kernel; CUDA graph vs eager, greedy, bf16 autocast")
     ok = decode_kernel_check()
     for pos_emb in ("pope", "rope"):
@@ -280,6 +281,20 @@ def decode_check():
         if not model_lib.KVCache(model, 1, 256, torch.bfloat16).kernel:
             print(f"BAD {pos_emb}: the cache does not take pope_kernel's decoding kernel", flush=True)
             ok = False
+        prompt = torch.randint(0, 500, (4, 200), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+
+        def step_logits(attn_impl):  # a 200-token prefill, then one cached step at position 200 (> block_size)
+            model.config.attn_impl = attn_impl  # (KVCache reads it: "torch" keeps the PyTorch path)
+            cache = model_lib.KVCache(model, 4, 256, torch.bfloat16)
+            with torch.autocast("cuda", torch.bfloat16):
+                model(prompt, cache=cache)
+                return model(prompt[:, -1:], cache=cache)[0].float()
+
+        err = rel(step_logits("auto"), step_logits("torch"))
+        model.config.attn_impl = "auto"
+        ok &= err < 2e-2
+        print(f"{'ok ' if err < 2e-2 else 'BAD'} {pos_emb}: a cached step's logits, the kernel (q and k turned in it) "
+              f"vs the PyTorch path: rel err {err:.1e} (bf16; < 2e-2 required)", flush=True)
         for B in (1, 4):
             prompt = torch.randint(0, 500, (B, 100), device="cuda", generator=torch.Generator("cuda").manual_seed(B))
             with torch.autocast("cuda", torch.bfloat16):
