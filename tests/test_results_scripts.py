@@ -2,6 +2,7 @@
 and the --plot figure;
 results/check_numbers.py: the file that holds each number of a markdown page, or NO FILE."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -144,3 +145,17 @@ A mean 42.42 and 99.99; 0.5649 again.
     ]
     rc, rows = check_numbers(tmp_path, doc, "--results", tmp_path / "results", "--missing", "--strict")
     assert rc == 1 and [r[2] for r in rows] == ["0.5649", "42.42", "99.99"]
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"EXTRA": "--weight_decay=0.0"}, "name the setting with LABEL="),
+    ({"OBJECTIVE": "every"}, "OBJECTIVE must be target or all"),
+    ({"VARIANT": "reversed"}, "VARIANT must be empty, shift_token or question_first"),
+])
+def test_indirect_indexing_script_refuses_settings_that_would_mix_runs(tmp_path, env, message):
+    """results/indirect_indexing.sh stops before any data or run is made: EXTRA without LABEL would
+    put runs of another setting into the default's folders (where finished runs are kept)."""
+    r = subprocess.run(["bash", str(REPO / "results" / "indirect_indexing.sh")], capture_output=True, text=True,
+                       env={**os.environ, "RESULTS": str(tmp_path / "r"), "SEEDS": "", **env}, cwd=tmp_path)  # (no runs if it went on)
+    assert r.returncode == 1 and message in r.stdout + r.stderr, (r.returncode, r.stdout, r.stderr)
+    assert not (tmp_path / "r").exists()
