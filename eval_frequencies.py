@@ -9,7 +9,9 @@ Usage:
 
 q and k are the attention's own: forward hooks on the hook points q_probe and k_probe of
 model.CausalSelfAttention (each head's projection, before RoPE or a cache). Each model runs the first --tokens
-tokens in windows of its block size T (positions 0..T-1), in float32; the sums are float64.
+tokens in windows of its block size T (positions 0..T-1), in float32; the sums are float64. A split of fixed rows
+(meta.json's row_len: indirect indexing, JSB) is read as train.py reads it, a window per row, its first
+min(T, row_len - 1) tokens.
   PoPE  channel c = 0..D-1 at theta_c = base^(-c/D) (model.pope_frequencies); magnitude mu = softplus(x_c).
   RoPE  pair i = the two dims model.apply_rope rotates together (found by rotating each basis vector), at the
         angle it turns per position (the model's inv_freq, YaRN included); magnitude = the pair's norm.
@@ -24,6 +26,7 @@ channels of C (an even spread puts 0.25 of the weight there).
 
 import argparse
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -92,10 +95,12 @@ def channels(model):
 
 
 @torch.no_grad()
-def measure(label, path, model, toks, T, bs, device, bar):
-    """Run the windows of toks through the model; every statistic of the docstring, channels by frequency."""
+def measure(label, path, model, toks, T, stride, bs, device, bar):
+    """Run the windows of toks (T tokens every stride) through the model; every statistic of the docstring,
+    channels by frequency."""
     cfg, (freqs, dims) = model.config, channels(model)
-    idx, n = torch.as_tensor(dims, device=device), len(toks) // T
+    idx, n = torch.as_tensor(dims, device=device), (len(toks) - T) // stride + 1
+    windows = np.lib.stride_tricks.sliding_window_view(toks, T)[::stride]
 
     def mag(x):  # (B, H, T, C) magnitudes in float64: softplus (PoPE) or the norm of each pair
         x = x.double()
@@ -117,7 +122,7 @@ def measure(label, path, model, toks, T, bs, device, bar):
         a.k_probe.register_forward_hook(on_k(i)))]
     try:
         for j in range(0, n, bs):
-            model(torch.from_numpy(np.asarray(toks[j * T:min(n, j + bs) * T], dtype=np.int64)).view(-1, T).to(device))
+            model(torch.from_numpy(np.array(windows[j:j + bs], dtype=np.int64)).to(device))  # (np.array: a copy)
             bar.update(1)
     finally:
         for h in handles:
@@ -128,9 +133,9 @@ def measure(label, path, model, toks, T, bs, device, bar):
     share = w.sum(1) / w.sum((1, 2))[:, None]  # (layer, channel): over heads, each row sums to 1
     top = share[:, :(n_top := max(1, len(order) // 4))].sum(1)
     return {"label": label, "ckpt": path, "pos_emb": cfg.pos_emb, "n_layer": cfg.n_layer, "n_head": cfg.n_head,
-            "head_dim": cfg.n_embd // cfg.n_head, "window": T, "tokens": n * T, "freq": freqs[order].tolist(),
-            "dims": dims[order].tolist(), "q_mag": q.tolist(), "k_mag": k.tolist(), "weight": w.tolist(),
-            "share": share.tolist(), "top_quarter": n_top, "top_quarter_share": top.tolist(),
+            "head_dim": cfg.n_embd // cfg.n_head, "window": T, "stride": stride, "tokens": n * T,
+            "freq": freqs[order].tolist(), "dims": dims[order].tolist(), "q_mag": q.tolist(), "k_mag": k.tolist(),
+            "weight": w.tolist(), "share": share.tolist(), "top_quarter": n_top, "top_quarter_share": top.tolist(),
             "top_quarter_share_mean": float(top.mean())}
 
 
@@ -164,12 +169,15 @@ def main(argv=None):
     if device.startswith("cuda") and not torch.cuda.is_available():
         die("--device cuda but CUDA is not available here; pass --device cpu")
     runs, streams = [], {}
+    rows = Path(args.data).with_name("meta.json") if args.data.endswith(".bin") else None  # (read_tokens checks it)
+    row_len = json.loads(rows.read_text()).get("row_len") if rows and rows.is_file() else None
     for i, path in enumerate(args.ckpt):
         try:
             model, ckpt = load_checkpoint(path, device)
         except Exception as e:  # noqa: BLE001 (unpickling, missing keys, shapes: all say the same)
             die(checkpoint_error(path, e))
         label, T, meta = args.labels[i], model.config.block_size, ckpt.get("meta") or {}
+        T, stride = (min(T, row_len - 1), row_len) if row_len else (T, T)  # a window per row, or back to back
         if args.tokens < T:
             die(f"--tokens={args.tokens} is less than one window of {path} (its block size {T})")
         if (key := vocab_key(meta)) not in streams:  # one token stream per tokenizer
@@ -179,12 +187,13 @@ def main(argv=None):
                 die(e)
         if len(toks := streams[key]) < args.tokens:
             die(f"{args.data} has only {len(toks)} tokens for {path}; pass --tokens <= {len(toks)}")
-        if args.tokens % T:
-            print(f"note: {label}: {args.tokens // T * T} tokens, whole windows of {T}", file=sys.stderr)
+        if args.tokens % stride:
+            print(f"note: {label}: {(args.tokens - T) // stride + 1} whole windows of {T}"
+                  + (f" (one per row of {row_len})" if row_len else ""), file=sys.stderr)
         if (vmax := int(np.max(toks))) >= model.config.vocab_size:
             die(f"{args.data} holds token id {vmax} but {path} has a vocabulary of {model.config.vocab_size}")
-        runs.append((label, path, model, toks, T))
-    total = sum(-(-(len(toks) // T) // args.batch_size) for *_, toks, T in runs)
+        runs.append((label, path, model, toks, T, stride))
+    total = sum(-(-((len(toks) - T) // stride + 1) // args.batch_size) for *_, toks, T, stride in runs)
     with tqdm(total=total, unit="batch", file=sys.stderr, dynamic_ncols=True, disable=args.no_progress) as bar:
         models = [measure(*r, args.batch_size, device, bar) for r in runs]
     for m in models:

@@ -103,7 +103,7 @@ done
 python results/summarize.py $OUT/seed*/eval.json | tee $OUT/summary.md
 
 # which positional frequencies the trained models use (eval_frequencies.py), over the runs of this call whose
-# checkpoint is here, on the first 65,536 tokens of the test split (windows of 51 across the 52-token rows)
+# checkpoint is here, on the first 65,536 tokens of the test split (a window per 52-token row, as train.py reads it)
 FREQ=(); for s in $SEEDS; do for pe in $POS_EMBS; do
     [ -f $OUT/seed$s-$pe$TAG/ckpt.pt ] && FREQ+=($OUT/seed$s-$pe$TAG/ckpt.pt); done; done
 NAME=frequencies$TAG-seed$(echo $SEEDS | tr ' ' _)-$(echo $POS_EMBS | tr ' ' _)

@@ -163,6 +163,28 @@ def test_magnitudes_and_weight_match_a_float64_reference(data, tmp_path, pe):
         x = block(x)  # the next layer's input
 
 
+@pytest.mark.parametrize("pe", ["pope", "rope"])
+def test_rows_are_read_a_window_per_row(tmp_path, pe):
+    """A split of fixed rows (row_len 10, as train.py reads indirect indexing) with a block size of 16:
+    windows are the first 9 tokens of each row, so the numbers equal those of the same weights (block
+    size 9) over those windows laid back to back; the stream read in 16-token windows would differ."""
+    rng = np.random.default_rng(1)
+    rows, flat = tmp_path / "rows", tmp_path / "flat"
+    toks = rng.integers(0, len(ITOS), (6, 10)).astype(np.uint16)
+    for d, arr, meta in ((rows, toks, {**META, "row_len": 10}), (flat, toks[:, :9], META)):
+        d.mkdir()
+        arr.tofile(d / "val.bin")
+        (d / "meta.json").write_text(json.dumps(meta))
+    model = tiny(3, pos_emb=pe)
+    got = run(["--ckpt", save(model, tmp_path / "m.pt"), "--data", rows / "val.bin", "--tokens", 60], tmp_path)
+    model.config.block_size = 9
+    want = run(["--ckpt", save(model, tmp_path / "w.pt"), "--data", flat / "val.bin", "--tokens", 54], tmp_path)
+    g, w = got["models"]["m"], want["models"]["w"]
+    assert (g["window"], g["tokens"]) == (w["window"], w["tokens"]) == (9, 54)
+    for key in ("q_mag", "k_mag", "weight", "share"):
+        np.testing.assert_allclose(g[key], w[key], rtol=1e-6, err_msg=key)
+
+
 def test_text_data_matches_bin_and_table_matches_json(data, tmp_path, capsys):
     path = save(tiny(1, pos_emb="pope"), tmp_path / "m.pt")
     text = "".join(ITOS[i] for i in np.fromfile(data, dtype=np.uint16)[:160])
