@@ -201,18 +201,19 @@ class KVCache:
         H, D, Dk = cfg.n_head, cfg.n_embd // cfg.n_head, cfg.n_embd // cfg.n_head * (2 if cfg.pos_emb == "pope" else 1)
         self.k, self.v = ([torch.zeros(B, H, context, w, device=device, dtype=dtype) for _ in attns] for w in (Dk, D))
         self.slots, self.pos = torch.arange(context, device=device), torch.zeros((), dtype=torch.long, device=device)
-        self.pos_emb, self.dtype, self.turn = cfg.pos_emb, dtype, [{}] * cfg.n_layer  # turn: the kernel's, per layer
         why = pope_kernel.decode_unsupported_reason(self.k[0], self.v[0]) if pope_kernel else KERNEL_MISSING
         self.kernel = why is None and (cfg.attn_impl == "triton" or cfg.attn_impl == "auto" and device.type == "cuda")
+        launch = pope_kernel.decode_launch(self.k[0]) if self.kernel else {}  # its splits and block_n, picked once
+        self.pos_emb, self.dtype, self.turn = cfg.pos_emb, dtype, [launch] * cfg.n_layer  # turn: per layer
         if cfg.pos_emb == "pope":  # in the dtype pope_cartesian computes in
             self.theta = pope_frequencies(D, cfg.pope_base, device, torch.promote_types(dtype, torch.float32))
             self.delta = torch.stack([pope_delta(a.delta, a.delta_bound) for a in attns]).to(self.theta.dtype)
-            self.turn = [dict(theta=self.theta, delta=d) for d in self.delta]
+            self.turn = [dict(launch, theta=self.theta, delta=d) for d in self.delta]
         if cfg.pos_emb == "rope":
-            self.inv_freq, self.turn = torch.stack([a.inv_freq for a in attns]), [dict(inv_freq=a.inv_freq) for a in attns]
+            self.inv_freq, self.turn = torch.stack([a.inv_freq for a in attns]), [dict(launch, inv_freq=a.inv_freq) for a in attns]
 
     def start(self, T):  # GPT.forward's: the positions of its T tokens, the slots each sees, what turns q and k
-        self.positions = self.pos + self.slots[:T]
+        self.positions = self.pos.view(1) if T == 1 else self.pos + self.slots[:T]  # (pos advances after the layers)
         if T > 1 or not self.kernel:  # (T, context): the mask of every slot past each query; the kernel needs neither
             self.bias = torch.where(self.slots > self.positions[:, None], -math.inf, 0.0).to(self.dtype)
             if self.pos_emb == "pope":  # per layer, for q and k stacked: the queries' (T, 2, D), the keys' (H, T, 2, D)
@@ -220,7 +221,6 @@ class KVCache:
                 self.rotation = torch.stack([pope_cos_sin(self.positions, self.theta).expand_as(rk), rk], 1)[:, :, None]
             if self.pos_emb == "rope":  # per layer: the layer's cos and sin, (T, D) each
                 self.rotation = list(zip(*(r.to(self.dtype) for r in rope_cos_sin(self.inv_freq, self.positions))))
-        self.pos += T
 
     def attend(self, layer, q, k, v, scale):  # turns raw q and k, writes k and v, attends over the slots up to each
         if q.size(2) == 1 and self.kernel:  # one token: 2 kernels, which turn q and k, write k and v, read slots 0..pos
@@ -264,8 +264,8 @@ class CausalSelfAttention(nn.Module):
         self.scale = mscale ** 2 / math.sqrt(self.head_dim)
 
     def forward(self, x, cache=None):
-        B, T, C = x.size()
-        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
+        B, T, C = x.size()  # q, k, v: (B, H, T, D) views of c_attn's output, made with 3 view ops (not 7)
+        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.q_probe(q), self.k_probe(k)
         if self.pos_emb == "pope" and cache is None:  # training, evaluation: the kernel on CUDA, else the PyTorch path
             delta = pope_delta(self.delta, self.delta_bound)
@@ -280,7 +280,8 @@ class CausalSelfAttention(nn.Module):
                 q, k = apply_rope(q, *rot), apply_rope(k, *rot)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale) if cache is None else \
                 cache.attend(self.layer_idx, q, k, v, self.scale)
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+        y = self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return self.resid_dropout(y) if self.training else y  # (in eval an identity: its call, host time, skipped)
 
 
 class MLP(nn.Module):
@@ -291,7 +292,8 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+        x = self.c_proj(F.gelu(self.c_fc(x)))
+        return self.dropout(x) if self.training else x
 
 
 class Block(nn.Module):
@@ -360,6 +362,8 @@ class GPT(nn.Module):
             cache.start(idx.size(1))
         for block in self.transformer.h:
             x = block(x, cache)
+        if cache is not None:  # after the layers: a one-token step's position is a view of pos
+            cache.pos += idx.size(1)
         x = self.transformer.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, -1:, :]), None  # (a slice: no index tensor to copy in a CUDA graph)
@@ -406,12 +410,11 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, vocab_size=None, context=None,
                  mode="eager", times=None):
-        """Sample max_new_tokens continuations of idx (B, T) on a KVCache of `context` positions
-        (default block_size), then, once it is full, from the last `context` tokens at positions
-        0.. (a forward per token). Ids >= vocab_size are never drawn; temperature 0 or top_k=1 is
-        greedy. mode "eager" runs the one-token step from Python, "graph" (CUDA) replays it as a
-        CUDA graph, "compile" compiles it first (greedy tokens agree: bench.py check). times (a
-        dict) gets the seconds of prefill, capture and decode."""
+        """Sample max_new_tokens continuations of idx (B, T) on a KVCache of `context` positions (default
+        block_size), then, once it is full, from the last `context` tokens at positions 0.. (a forward per token).
+        Ids >= vocab_size are never drawn; temperature 0 or top_k=1 is greedy. mode "eager" runs the one-token
+        step from Python, "graph" (CUDA) replays it as a CUDA graph, "compile" compiles it first (greedy tokens
+        agree: bench.py check). times (a dict) gets the seconds of prefill, capture and decode."""
         device, N, (B, T0) = self.lm_head.weight.device, context or self.config.block_size, idx.shape
         if mode not in ("eager", "graph", "compile") or mode != "eager" and device.type != "cuda":
             raise ValueError(f"mode must be 'eager', or 'graph' or 'compile' on CUDA; got {mode!r} on {device}")
@@ -429,15 +432,14 @@ class GPT(nn.Module):
         step(idx)  # the prefill
         out[:, T0] = tok[:, 0]
         t1 = t2 = clock()
-        run = None
+        run = step if mode == "eager" else None  # "graph", "compile": captured at the first step on the cache
         for t in range(T0 + 1, T0 + max_new_tokens):  # out[:, t - 1] goes in at position t - 1
             if t > N:  # the context is full
                 cache.pos.zero_()
                 step(out[:, t - N:t])
             else:
                 if run is None:
-                    run = step if mode == "eager" else cuda_graph(step, mode == "compile", cache.pos, tok)
-                    t2 = clock()
+                    run, t2 = cuda_graph(step, mode == "compile", cache.pos, tok), clock()
                 run()
             out[:, t] = tok[:, 0]
         if times is not None:
@@ -446,9 +448,8 @@ class GPT(nn.Module):
 
 
 def cuda_graph(fn, compile, *state):
-    """fn() as a CUDA graph (compiled first with compile): its replay. A first
-    call on a side stream compiles, sets up cuBLAS and fills autocast's cache
-    of cast weights, read by the graph; the tensors in state are restored."""
+    """fn() as a CUDA graph (compiled first with compile): its replay. A first call on a side stream compiles, sets
+    up cuBLAS and fills autocast's cache of cast weights, read by the graph; the tensors in state are restored."""
     if compile:  # freezing folds the weights' casts once instead of running them at every step
         fn = torch.compile(fn, fullgraph=True, options={"freezing": True})
     saved = [t.clone() for t in state]
@@ -466,9 +467,8 @@ def cuda_graph(fn, compile, *state):
 
 
 def sample_next(logits, temperature=1.0, top_k=None, vocab_size=None):
-    """One id per row of logits (B, V), never >= vocab_size; greedy at temperature 0 or
-    top_k 1. The draw, argmax(p / E) with E ~ Exp(1), is torch.multinomial's without
-    its checks, which wait for the GPU: a CUDA graph can hold it."""
+    """One id per row of logits (B, V), never >= vocab_size; greedy at temperature 0 or top_k 1. The draw, argmax(p / E)
+    with E ~ Exp(1), is torch.multinomial's without its checks, which wait for the GPU: a CUDA graph can hold it."""
     logits = logits.float()
     if vocab_size is not None and vocab_size < logits.size(-1):
         logits[:, vocab_size:] = -float("inf")

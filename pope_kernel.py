@@ -25,6 +25,7 @@ the device; q and k come in ready, or raw with what turns them (PoPE: theta and
 the layer's bounded delta; RoPE: the layer's inv_freq), turned in the kernel:
     decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, delta=None, inv_freq=None)
     decode_unsupported_reason(k_cache, v_cache) -> None or why not
+    decode_launch(k_cache) -> dict(splits=, block_n=): the launch it picks
 (section "decoding" at the end of this file).
 
 How it works (measurements behind each choice: results/kernel.md):
@@ -986,7 +987,8 @@ def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, de
     dtype): with theta (D,) and delta (H, D), PoPE's Cartesian form (Dk = 2D: model.pope_cartesian's);
     with inv_freq (D/2,), RoPE's rotation (Dk = D: model.apply_rope's). theta, delta and inv_freq are
     used as given (float32, rows contiguous; bound delta with model.pope_delta first).
-    splits and block_n (a power of two >= 16) override the launch's (tests: many chunks at small N)."""
+    splits and block_n (a power of two >= 16) override the launch's (tests: many chunks at small N; model.KVCache
+    passes decode_launch's, picked once)."""
     B, H, N, Dk = k_cache.shape
     D = v_cache.size(-1)
     turn = _POPE if theta is not None else _ROPE if inv_freq is not None else _READY
@@ -1001,13 +1003,22 @@ def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, de
                          f"for D-wide RoPE keys; got key width {Dk}, theta {_shape(theta)}, delta {_shape(delta)}, "
                          f"inv_freq {_shape(inv_freq)}")
     freq = theta if turn == _POPE else inv_freq
-    block_n = block_n or max(16, _DECODE_TILE // Dk)
-    splits = splits or min(triton.cdiv(N, block_n), triton.cdiv(_DECODE_PROGRAMS, B * H))
+    if not (splits and block_n):  # (model.KVCache passes both, picked once per cache)
+        picked = decode_launch(k_cache, block_n)
+        splits, block_n = splits or picked["splits"], picked["block_n"]
     # traced by torch.compile (generate's mode="compile"), the launch is one opaque op that writes the
     # caches; run eagerly or captured in a CUDA graph, the plain function (no dispatcher in between)
     run = _decode_op if torch.compiler.is_compiling() else _decode
     return run(q, k, v, k_cache, v_cache, pos, freq, delta if turn == _POPE else None, float(sm_scale), turn,
                splits, block_n)
+
+
+def decode_launch(k_cache, block_n=None):
+    """dict(splits, block_n): the launch decode_attention picks for caches of k_cache's shape (given block_n,
+    the splits it picks with it), the same at every pos: model.KVCache asks once and passes both in."""
+    B, H, N, Dk = k_cache.shape
+    block_n = block_n or max(16, _DECODE_TILE // Dk)
+    return dict(splits=min(_cdiv(N, block_n), _cdiv(_DECODE_PROGRAMS, B * H)), block_n=block_n)
 
 
 def _shape(x):
@@ -1029,7 +1040,7 @@ def _decode(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, turn, splits,
             *k_cache.stride(), *v_cache.stride(), delta.stride(0), H, N, splits, sm_scale * 1.4426950408889634,
             KEY_DIM=Dk, HEAD_DIM=D, BLOCK_N=block_n, TURN=turn, num_warps=4)
         _decode_reduce_kernel[(B * H,)](part, out, pos, out.stride(0), out.stride(1), out.stride(3), H, N, splits,
-                                        HEAD_DIM=D, BLOCK_N=block_n, SPLITS_POW2=triton.next_power_of_2(splits),
+                                        HEAD_DIM=D, BLOCK_N=block_n, SPLITS_POW2=_bucket(splits),
                                         num_warps=4)
     return out
 

@@ -284,3 +284,26 @@ def test_the_model_attention_equals_the_loop_reference():
         cache = KVCache(model, B, 10, torch.float64)
         cache.start(T)
         assert rel_err(attn(x, cache), want) < 1e-12, f"seed {seed}"
+
+
+@pytest.mark.parametrize("pos_emb", ["pope", "rope", "none"])
+def test_the_attention_takes_q_k_v_as_c_attn_splits_them(pos_emb, monkeypatch):
+    """q, k (as the probes see them) and v (as KVCache.attend gets it) are c_attn's output split into thirds, each
+    viewed per head (B, H, T, D): bitwise, with those strides (eval_frequencies.py reads the probes; the kernel takes
+    any), for a prefill and a one-token step."""
+    model = tiny(pos_emb, n_layer=1)
+    attn, seen = model.transformer.h[0].attn, {}
+    attn.q_probe.register_forward_hook(lambda m, i, o: seen.__setitem__("q", o))
+    attn.k_probe.register_forward_hook(lambda m, i, o: seen.__setitem__("k", o))
+    real = KVCache.attend
+    monkeypatch.setattr(KVCache, "attend", lambda self, layer, q, k, v, s: seen.__setitem__("v", v) or
+                        real(self, layer, q, k, v, s))
+    attn.c_attn.register_forward_hook(lambda m, i, o: seen.__setitem__("qkv", o))
+    cache = KVCache(model, 2, 16, torch.float64)
+    with torch.no_grad():
+        for T in (5, 1):
+            model(torch.randint(0, 37, (2, T), generator=torch.Generator().manual_seed(T)), cache=cache)
+            want = [t.view(2, T, 2, 16).transpose(1, 2) for t in seen["qkv"].split(32, dim=2)]
+            for name, w in zip("qkv", want):  # (the strides of dims of size > 1: a size-1 dim's is arbitrary)
+                strides = [[s for s, n in zip(t.stride(), t.shape) if n > 1] for t in (seen[name], w)]
+                assert torch.equal(seen[name], w) and strides[0] == strides[1], (pos_emb, T, name, strides)

@@ -705,7 +705,8 @@ def test_generate_on_the_decoding_kernel_equals_the_pytorch_path(pos_emb, D, mon
     idx = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(43))
     out = {impl: m.generate(idx, 30, temperature=0.0, context=24) for impl, m in models.items()}
     assert len(calls) == 2 * (24 - 5), len(calls)  # 2 layers, the steps until the context is full
-    assert all(kw == (["delta", "theta"] if pos_emb == "pope" else ["inv_freq"]) for kw in calls), calls[0]
+    turn = ["delta", "theta"] if pos_emb == "pope" else ["inv_freq"]
+    assert all(kw == sorted(turn + ["block_n", "splits"]) for kw in calls), calls[0]
     assert torch.equal(out["triton"], out["torch"]), f"seed=42/43 {pos_emb} D={D}: {out}"
     caches = {impl: KVCache(m, 2, 24, torch.float32) for impl, m in models.items()}
     assert caches["triton"].kernel and not caches["torch"].kernel
@@ -717,6 +718,29 @@ def test_generate_on_the_decoding_kernel_equals_the_pytorch_path(pos_emb, D, mon
             err = rel_err(logits["triton"], logits["torch"])
             assert err < 1e-5, f"seed=42/44 {pos_emb} D={D} step {step}: rel err {err:.2e}"
             tok = torch.randint(0, 50, (2, 1), generator=g)
+
+
+@interpreted
+@pytest.mark.parametrize("pos_emb", ["pope", "rope", "none"])
+def test_the_cache_launches_the_decoding_kernel_as_decode_attention_would(pos_emb, monkeypatch):
+    """KVCache picks the kernel's splits and block_n once (pope_kernel.decode_launch) and passes them in: a model
+    step launches what decode_attention picks on its own for those caches, where the cache length cuts the splits
+    (N 1000: 8 blocks of 128 PoPE keys, 4 of 256 RoPE or NoPE ones) and where the budget of 512 programs does
+    (32 (batch, head) pairs: 16 splits)."""
+    from model import KVCache
+    launched = []
+    monkeypatch.setattr(pk, "_decode", lambda *a: launched.append(a[-2:]) or a[4][:, :, :1].clone())
+    model = tiny_float(pos_emb, "triton")
+    block_n = 128 if pos_emb == "pope" else 256  # 8192 / key width (64 PoPE, 32 otherwise)
+    for B, N, want in ((2, 1000, (1000 // block_n + 1, block_n)), (16, 8000, (16, block_n))):
+        cache = KVCache(model, B, N, torch.float32)
+        with torch.no_grad():
+            model(torch.zeros(B, 1, dtype=torch.long), cache=cache)
+        by_model = launched[-1]
+        turn = {k: v for k, v in cache.turn[0].items() if k not in ("splits", "block_n")}
+        q = torch.zeros(B, 2, 1, 32)
+        pk.decode_attention(q, q, q, cache.k[0], cache.v[0], cache.pos, 0.1, **turn)
+        assert by_model == launched[-1] == want, (pos_emb, B, N, by_model, launched[-1], want)
 
 
 def step_launches(pos_emb, attn_impl, n_layer):
