@@ -191,10 +191,9 @@ def use_pope_kernel(attn_impl, q, k, v, delta):
 
 
 class KVCache:
-    """generate()'s static cache of `context` slots per layer. A forward of T tokens writes its keys and values at
-    positions pos..pos+T-1 and attends over the slots up to each; pos, a tensor, advances in place, so a one-token
-    step can be replayed as a CUDA graph. Keys are kept ready to use (attend turns them): RoPE's rotated, PoPE's
-    Cartesian, 3 n_embd numbers per token and layer (RoPE 2). theta and the bounded deltas are read once."""
+    """generate()'s static cache, `context` slots per layer. A forward of T tokens writes its keys and values at
+    positions pos..pos+T-1 and attends over the slots up to each; pos, a tensor, advances in place, so a one-token step
+    replays as a CUDA graph. Keys are kept ready: RoPE's rotated, PoPE's Cartesian (3 n_embd numbers a token)."""
 
     def __init__(self, model, B, context, dtype):
         cfg, device, attns = model.config, model.lm_head.weight.device, [b.attn for b in model.transformer.h]
@@ -205,12 +204,13 @@ class KVCache:
         self.kernel = why is None and (cfg.attn_impl == "triton" or cfg.attn_impl == "auto" and device.type == "cuda")
         launch = pope_kernel.decode_launch(self.k[0]) if self.kernel else {}  # its splits and block_n, picked once
         self.pos_emb, self.dtype, self.turn = cfg.pos_emb, dtype, [launch] * cfg.n_layer  # turn: per layer
-        if cfg.pos_emb == "pope":  # in the dtype pope_cartesian computes in
+        if cfg.pos_emb == "pope":  # theta and the bounded deltas, read once, in the dtype pope_cartesian computes in
             self.theta = pope_frequencies(D, cfg.pope_base, device, torch.promote_types(dtype, torch.float32))
             self.delta = torch.stack([pope_delta(a.delta, a.delta_bound) for a in attns]).to(self.theta.dtype)
             self.turn = [dict(launch, theta=self.theta, delta=d) for d in self.delta]
         if cfg.pos_emb == "rope":
-            self.inv_freq, self.turn = torch.stack([a.inv_freq for a in attns]), [dict(launch, inv_freq=a.inv_freq) for a in attns]
+            self.inv_freq = torch.stack([a.inv_freq for a in attns])  # (L, D/2)
+            self.turn = [dict(launch, inv_freq=f) for f in self.inv_freq]
 
     def start(self, T):  # GPT.forward's: the positions of its T tokens, the slots each sees, what turns q and k
         self.positions = self.pos.view(1) if T == 1 else self.pos + self.slots[:T]  # (pos advances after the layers)
