@@ -95,12 +95,11 @@ def channels(model):
 
 
 @torch.no_grad()
-def measure(label, path, model, toks, T, stride, bs, device, bar):
-    """Run the windows of toks (T tokens every stride) through the model; every statistic of the docstring,
+def measure(label, path, model, windows, stride, bs, device, bar):
+    """Run the (n, T) windows (one every stride tokens) through the model; every statistic of the docstring,
     channels by frequency."""
-    cfg, (freqs, dims) = model.config, channels(model)
-    idx, n = torch.as_tensor(dims, device=device), (len(toks) - T) // stride + 1
-    windows = np.lib.stride_tricks.sliding_window_view(toks, T)[::stride]
+    cfg, (freqs, dims), (n, T) = model.config, channels(model), windows.shape
+    idx = torch.as_tensor(dims, device=device)
 
     def mag(x):  # (B, H, T, C) magnitudes in float64: softplus (PoPE) or the norm of each pair
         x = x.double()
@@ -168,32 +167,34 @@ def main(argv=None):
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         die("--device cuda but CUDA is not available here; pass --device cpu")
-    runs, streams = [], {}
-    rows = Path(args.data).with_name("meta.json") if args.data.endswith(".bin") else None  # (read_tokens checks it)
-    row_len = json.loads(rows.read_text()).get("row_len") if rows and rows.is_file() else None
+    runs, streams, row_len = [], {}, None
     for i, path in enumerate(args.ckpt):
         try:
             model, ckpt = load_checkpoint(path, device)
         except Exception as e:  # noqa: BLE001 (unpickling, missing keys, shapes: all say the same)
             die(checkpoint_error(path, e))
-        label, T, meta = args.labels[i], model.config.block_size, ckpt.get("meta") or {}
-        T, stride = (min(T, row_len - 1), row_len) if row_len else (T, T)  # a window per row, or back to back
-        if args.tokens < T:
-            die(f"--tokens={args.tokens} is less than one window of {path} (its block size {T})")
+        label, meta = args.labels[i], ckpt.get("meta") or {}
         if (key := vocab_key(meta)) not in streams:  # one token stream per tokenizer
             try:
                 streams[key] = read_tokens(args.data, meta, args.tokens, path)[:args.tokens]
             except PrepareError as e:
                 die(e)
+            if os.path.splitext(args.data)[1].lower() == ".bin":  # (its meta.json: checked by read_tokens)
+                row_len = json.loads(Path(args.data).with_name("meta.json").read_text()).get("row_len")
+        T = model.config.block_size
+        T, stride = (min(T, row_len - 1), row_len) if row_len else (T, T)  # a window per row, or back to back
+        if args.tokens < T:
+            die(f"--tokens={args.tokens} is less than one window of {path} (its block size {T})")
         if len(toks := streams[key]) < args.tokens:
             die(f"{args.data} has only {len(toks)} tokens for {path}; pass --tokens <= {len(toks)}")
+        windows = np.lib.stride_tricks.sliding_window_view(toks, T)[::stride]  # (n, T) views, no copy
         if args.tokens % stride:
-            print(f"note: {label}: {(args.tokens - T) // stride + 1} whole windows of {T}"
+            print(f"note: {label}: {len(windows)} whole windows of {T}"
                   + (f" (one per row of {row_len})" if row_len else ""), file=sys.stderr)
         if (vmax := int(np.max(toks))) >= model.config.vocab_size:
             die(f"{args.data} holds token id {vmax} but {path} has a vocabulary of {model.config.vocab_size}")
-        runs.append((label, path, model, toks, T, stride))
-    total = sum(-(-((len(toks) - T) // stride + 1) // args.batch_size) for *_, toks, T, stride in runs)
+        runs.append((label, path, model, windows, stride))
+    total = sum(-(-len(windows) // args.batch_size) for _, _, _, windows, _ in runs)
     with tqdm(total=total, unit="batch", file=sys.stderr, dynamic_ncols=True, disable=args.no_progress) as bar:
         models = [measure(*r, args.batch_size, device, bar) for r in runs]
     for m in models:

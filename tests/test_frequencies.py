@@ -224,6 +224,11 @@ def test_clear_errors(data, tmp_path, monkeypatch):
     assert "less than one window" in err(["--ckpt", ck, "--data", data, "--tokens", 15])
     assert "has only 5000 tokens" in err(["--ckpt", ck, "--data", data, "--tokens", 6000])
     assert "data file missing.bin not found" in err(["--ckpt", ck, "--data", "missing.bin"])
+    bad = tmp_path / "bad"  # a split whose meta.json is not JSON: read_tokens's line, not a traceback
+    bad.mkdir()
+    np.zeros(100, dtype=np.uint16).tofile(bad / "val.bin")
+    (bad / "meta.json").write_text("{not json")
+    assert "meta.json: not valid JSON" in err(["--ckpt", ck, "--data", bad / "val.bin"])
     assert "must be a .bin" in err(["--ckpt", ck, "--data", __file__])
     assert "--labels has 2 names for 1" in err(["--ckpt", ck, "--data", data, "--labels", "a,b"])
     assert "share the label 'm'" in err(["--ckpt", ck, ck, "--data", data])
