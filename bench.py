@@ -283,18 +283,25 @@ def decode_check():
             ok = False
         prompt = torch.randint(0, 500, (4, 200), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
 
-        def step_logits(attn_impl):  # a 200-token prefill, then one cached step at position 200 (> block_size)
+        def step_logits(attn_impl, dtype):  # a 200-token prefill, then one cached step at position 200 (> block_size)
             model.config.attn_impl = attn_impl  # (KVCache reads it: "torch" keeps the PyTorch path)
-            cache = model_lib.KVCache(model, 4, 256, torch.bfloat16)
-            with torch.autocast("cuda", torch.bfloat16):
+            cache = model_lib.KVCache(model, 4, 256, dtype)
+            with torch.autocast("cuda", dtype, enabled=dtype != torch.float32):
                 model(prompt, cache=cache)
                 return model(prompt[:, -1:], cache=cache)[0].float()
 
-        err = rel(step_logits("auto"), step_logits("torch"))
+        # float32: the kernel computes what the PyTorch path does. bf16: this random model amplifies rounding
+        # (the two bf16 paths differ by 3e-2 / 0.15, PoPE / RoPE, H200 2026-12-01), so each is held against the
+        # float32 logits and the kernel may be off by at most 1.25x what the PyTorch path is off (measured 0.8-0.9x)
+        ref = step_logits("torch", torch.float32)
+        err32 = rel(step_logits("auto", torch.float32), ref)
+        err_kernel, err_torch = (rel(step_logits(impl, torch.bfloat16), ref) for impl in ("auto", "torch"))
         model.config.attn_impl = "auto"
-        ok &= err < 2e-2
-        print(f"{'ok ' if err < 2e-2 else 'BAD'} {pos_emb}: a cached step's logits, the kernel (q and k turned in it) "
-              f"vs the PyTorch path: rel err {err:.1e} (bf16; < 2e-2 required)", flush=True)
+        good = err32 < 1e-4 and err_kernel <= 1.25 * err_torch
+        ok &= good
+        print(f"{'ok ' if good else 'BAD'} {pos_emb}: a cached step's logits, the kernel (q and k turned in it) vs the "
+              f"PyTorch path in float32: rel err {err32:.1e} (< 1e-4 required); in bf16 against those float32 logits: "
+              f"kernel {err_kernel:.1e}, PyTorch path {err_torch:.1e} (kernel <= 1.25x required)", flush=True)
         for B in (1, 4):
             prompt = torch.randint(0, 500, (B, 100), device="cuda", generator=torch.Generator("cuda").manual_seed(B))
             with torch.autocast("cuda", torch.bfloat16):
@@ -366,7 +373,8 @@ def sample_bench(modes=("eager", "graph", "compile"), json_path=None):
     and 8, PoPE and RoPE, at context 1024 and 8192 (block_size = context): the
     prompt fills the context but for the new tokens, so steps run at its end.
     tok/s are new tokens of all rows per second in steady state: the decode
-    time of generate(times=...), prefill and capture/compilation excluded."""
+    time of generate(times=...), prefill and capture/compilation excluded (eager
+    decoding is warmed up by a 3-token call first, for Triton's compilation)."""
     header("decoding, 124M, random weights, bf16 autocast, steady-state tok/s (all rows)")
     n_new = {"eager": 24, "graph": 128, "compile": 128}
     cols = " | ".join(f"{m} tok/s" for m in modes)
@@ -385,6 +393,8 @@ def sample_bench(modes=("eager", "graph", "compile"), json_path=None):
                     prompt = torch.randint(0, 50257, (B, T - n), device="cuda")
                     times = {}
                     with torch.autocast("cuda", torch.bfloat16):
+                        if mode == "eager":  # Triton compiles the decoding kernel at its first step for a shape
+                            model.generate(prompt, 3, mode=mode)  # (graph, compile: in their capture time)
                         model.generate(prompt, n, temperature=1.0, top_k=200, vocab_size=50257, mode=mode, times=times)
                     row[f"{mode}_tok_s"] = B * (n - 1) / times["decode"]
                     row[f"{mode}_capture_s"] = times["capture"]
