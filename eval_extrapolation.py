@@ -122,9 +122,14 @@ def load_tokens(spec, meta, need, ckpt):
     """The token stream of --data for a checkpoint whose training data had this meta.json (read_tokens: a .bin as
     is, a memmap; text tokenized with the checkpoint's tokenizer up to `need` tokens)."""
     try:
-        return read_tokens(spec, meta, need, ckpt, docs=hf_docs(spec) if data_kind(spec) == "hf" else None)
+        toks = read_tokens(spec, meta, need, ckpt, docs=hf_docs(spec) if data_kind(spec) == "hf" else None)
     except PrepareError as e:
         die(e)
+    if data_kind(spec) == "bin":  # (its meta.json: checked by read_tokens)
+        with open(os.path.join(os.path.dirname(os.path.abspath(spec)), "meta.json")) as f:
+            if row_len := json.load(f).get("row_len"):
+                print(f"note: {spec} holds rows of {row_len} tokens; windows run across rows", file=sys.stderr)
+    return toks
 
 
 def choose_budget(N, lengths, cap, explicit, data):

@@ -870,8 +870,6 @@ def _split_tokens(path, meta, ckpt):
                            "); give data of its dataset")
     if (folder / f"{name[:-4]}_mask.bin").is_file():
         log(f"note: the loss mask of {path} is ignored: every token is scored")
-    if data_meta.get("row_len"):
-        log(f"note: {path} holds rows of {data_meta['row_len']} tokens; windows run across rows")
     return np.memmap(path, dtype=np.dtype(data_meta["dtype"]), mode="r")
 
 

@@ -404,6 +404,20 @@ def test_progress_and_attention_path_on_stderr(env, tmp_path, capsys):
         assert sum(f"out-{pe}: attention " in x and want in x for x in err.splitlines()) == 1
 
 
+def test_rows_note_only_for_a_split_of_rows(env, tmp_path, capsys):
+    """eval_extrapolation runs windows across the rows of a row_len split (indirect indexing, JSB) and says so
+    on stderr; a plain stream gets no such note."""
+    args = ["--ckpt", env.ckpts["pope"], "--lengths", "32", "--max_tokens", "64", "--no_progress"]
+    ex.main([*args, "--data", env.val])
+    assert "windows run across rows" not in capsys.readouterr().err
+    d = tmp_path / "rows"
+    d.mkdir()
+    env.val_ids[:20 * 100].tofile(d / "val.bin")
+    (d / "meta.json").write_text(json.dumps({**env.meta, "row_len": 20}))
+    ex.main([*args, "--data", str(d / "val.bin")])
+    assert f"note: {d / 'val.bin'} holds rows of 20 tokens; windows run across rows" in capsys.readouterr().err
+
+
 def test_help():
     out = script_help(ex.main)
     assert "Usage:" in out and "--yarn_scale" in out and "Scored tokens: the same B targets" in out
