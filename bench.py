@@ -11,8 +11,10 @@ Usage:
     python bench.py sample     # decoding tok/s, 124M, PoPE vs RoPE, batch 1 and 8, context 1k and 8k:
                                # eager, CUDA graph, compiled + graph
     python bench.py sample_cli # what a user sees: fresh `python sample.py` processes, default vs --compile
+    python bench.py host       # host (CPU) time per eager call and a cProfile of it: PoPE kernel fwd+bwd, decoding
+    python bench.py decode     # decode_attention's launch constants (warps, programs, tile) against its time
     python bench.py aot        # no GPU needed: compile every kernel config for sm_90; registers, spills, shared memory
-    options: --json PATH (sample, sample_cli: the rows as JSON), --modes eager,graph,compile (sample)
+    options: --json PATH (sample, sample_cli, decode: the rows as JSON), --modes eager,graph,compile (sample)
 
 Every table is printed with the GPU, torch and triton versions; RESULTS.md
 quotes them with their command and date. Timings are medians of
@@ -191,6 +193,120 @@ def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
                   f"{flops / t_g * 1e-9:8.1f} {mem:8.0f}", flush=True)
         paths = leaves = q = k = v = q2 = k2 = v2 = None
         torch.cuda.empty_cache()
+    return rows
+
+
+def host(B=8, H=12, T=1024, D=64, n=50):
+    """Host (CPU) time of one eager call, where the eager rows of `kernel` are bound: n calls
+    queued without a sync (the GPU does not hold the host back while its queue has room), then
+    a cProfile of the PoPE kernel's forward+backward and of eager decoding (the top entries by
+    own time). The seconds do not depend on what else the GPU runs, so this may run beside
+    training; the numbers are per call, in microseconds."""
+    import cProfile
+    import pstats
+    header(f"host time per eager call, B,H,T,D = {B},{H},{T},{D}, bf16, microseconds")
+    q, k, v, delta, do = inputs(B, H, T, T, D, torch.bfloat16, seed=T)
+    leaves = [x.requires_grad_(True) for x in (q, k, v, delta)]
+    theta, wrapped = frequencies(D, q.device), pope_delta(delta).detach().requires_grad_(True)
+    inv, pos = model_lib.yarn_inv_freq(D, 10000.0, 1.0, T)[0].cuda(), torch.arange(T, device="cuda")
+
+    def rope_sdpa():
+        rot = rope_cos_sin(inv, pos)
+        return F.scaled_dot_product_attention(apply_rope(q, *rot), apply_rope(k, *rot), v, is_causal=True)
+
+    fwd_bwd = lambda f: lambda: f().backward(do)  # noqa: E731
+    paths = {
+        "pope kernel fwd+bwd (with pope_delta, as model.py)": fwd_bwd(lambda: kernel_attention(q, k, v, delta)),
+        "pope kernel fwd+bwd (delta given bound)": fwd_bwd(lambda: pk.pope_attention(q, k, v, wrapped, theta)),
+        "pope kernel fwd, no grad": lambda: pk.pope_attention(q.detach(), k.detach(), v.detach(), wrapped.detach(),
+                                                              theta),
+        "one Triton launch (_cartesian of k)": lambda: pk._cartesian(k.detach(), theta, wrapped.detach(), 0),
+        "rope + SDPA fwd+bwd": fwd_bwd(rope_sdpa),
+        "torch.empty (B,H,T,2D)": lambda: torch.empty((B, H, T, 2 * D), device="cuda", dtype=q.dtype),
+    }
+    for name, f in paths.items():
+        for _ in range(5):
+            f()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            f()
+            for x in leaves + [wrapped]:
+                x.grad = None
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        print(f"{name:52s} host {(t1 - t0) / n * 1e6:8.1f}   with the GPU's finish {(t2 - t0) / n * 1e6:8.1f}",
+              flush=True)
+    for name in ("pope kernel fwd+bwd (with pope_delta, as model.py)",):
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(n):
+            paths[name]()
+        prof.disable()
+        torch.cuda.synchronize()
+        print(f"# cProfile, {n} calls of {name}: top 30 by own time")
+        pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(30)
+    paths = leaves = q = k = v = None
+    model = random_gpt("pope", 1024, std=0.02)
+    prompt = torch.randint(0, 50257, (1, 900), device="cuda")
+    with torch.autocast("cuda", torch.bfloat16):
+        model.generate(prompt, 3)  # (compiles the decoding kernel for this shape)
+        times = {}
+        model.generate(prompt, 40, times=times)
+        print(f"# eager decoding, 124M PoPE, batch 1, context 1024: {39 / times['decode']:.0f} tok/s "
+              f"({times['decode'] / 39 * 1e3:.2f} ms per token)", flush=True)
+        prof = cProfile.Profile()
+        prof.enable()
+        model.generate(prompt, 40)
+        prof.disable()
+    print("# cProfile, eager decoding of 40 tokens (one prefill): top 30 by own time")
+    pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(30)
+
+
+def decode_sweep(warps=(2, 4, 8), programs=(256, 512, 1024, 2048), tiles=(4096, 8192, 16384)):
+    """pope_kernel.decode_attention's launch constants (_DECODE_WARPS, _DECODE_PROGRAMS, _DECODE_TILE)
+    against its time: 12 calls over 12 caches (the layers of a 124M step: the caches do not fit in L2
+    together) replayed as one CUDA graph, at the last slot of the cache, per call; GB/s counts the keys
+    and values read. PoPE's 128-wide keys and RoPE's 64-wide, raw q and k (turned in the kernel)."""
+    header("decode_attention launch sweep: us per call (12 caches in a CUDA graph), GB/s of cache read")
+    saved = pk._DECODE_WARPS, pk._DECODE_PROGRAMS, pk._DECODE_TILE
+    print(f"{'turn':5s} {'B':>2s} {'N':>5s} {'warps':>5s} {'programs':>8s} {'tile':>6s} {'splits':>6s} "
+          f"{'block_n':>7s} {'us':>8s} {'GB/s':>7s}", flush=True)
+    rows = []
+    try:
+        for turn, B, N in (("pope", 1, 1024), ("pope", 1, 8192), ("pope", 8, 8192), ("rope", 1, 8192),
+                           ("rope", 8, 8192)):
+            Dk = 128 if turn == "pope" else 64
+            g = torch.Generator("cuda").manual_seed(N + B)
+            caches = [tuple(torch.randn(B, 12, N, d, device="cuda", generator=g).bfloat16() for d in (Dk, 64))
+                      for _ in range(12)]
+            q, k, v = (torch.randn(B, 12, 1, 64, device="cuda", generator=g).bfloat16() for _ in range(3))
+            where = torch.tensor([N - 1], device="cuda")
+            kw = dict(theta=frequencies(64, "cuda"), delta=torch.zeros(12, 64, device="cuda")) if turn == "pope" \
+                else dict(inv_freq=model_lib.yarn_inv_freq(64, 10000.0, 1.0, N)[0].cuda())
+            gbytes = 12 * B * 12 * N * (Dk + 64) * 2 / 1e9
+            for w in warps:
+                for p in programs:
+                    for t in tiles:
+                        pk._DECODE_WARPS, pk._DECODE_PROGRAMS, pk._DECODE_TILE = w, p, t
+                        launch = pk.decode_launch(caches[0][0])
+
+                        def step():
+                            for kc, vc in caches:
+                                pk.decode_attention(q, k, v, kc, vc, where, 0.125, **kw, **launch)
+                        ms = graph_ms(step, [])
+                        rows.append(dict(turn=turn, B=B, N=N, warps=w, programs=p, tile=t, **launch,
+                                         us=ms * 1e3 / 12, gb_s=gbytes / (ms * 1e-3)))
+                        print(f"{turn:5s} {B:2d} {N:5d} {w:5d} {p:8d} {t:6d} {launch['splits']:6d} "
+                              f"{launch['block_n']:7d} {ms * 1e3 / 12:8.1f} {gbytes / (ms * 1e-3):7.0f}", flush=True)
+            best = min((r for r in rows if (r["turn"], r["B"], r["N"]) == (turn, B, N)), key=lambda r: r["us"])
+            print(f"# best {turn} B={B} N={N}: warps {best['warps']}, programs {best['programs']}, tile "
+                  f"{best['tile']}: {best['us']:.1f} us, {best['gb_s']:.0f} GB/s", flush=True)
+            caches = None
+            torch.cuda.empty_cache()
+    finally:
+        pk._DECODE_WARPS, pk._DECODE_PROGRAMS, pk._DECODE_TILE = saved
     return rows
 
 
@@ -543,9 +659,10 @@ def aot():
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", nargs="+", choices=["kernel", "check", "train", "sample", "sample_cli", "aot"],
+    ap.add_argument("what", nargs="+", choices=["kernel", "check", "train", "sample", "sample_cli", "aot", "host",
+                                                "decode"],
                     help="one or more benchmarks, run in the order given")
-    ap.add_argument("--json", default=None, help="sample, sample_cli: also write the rows to this JSON file")
+    ap.add_argument("--json", default=None, help="sample, sample_cli, decode: also write the rows to this JSON file")
     ap.add_argument("--modes", default="eager,graph,compile",
                     help="sample: decoding modes to measure, comma-separated (compile takes ~15 s per row)")
     a = ap.parse_args()
@@ -571,3 +688,7 @@ if __name__ == "__main__":
             sample_bench(modes, a.json)
         if what == "sample_cli":
             sample_cli(a.json)
+        if what == "host":
+            host()
+        if what == "decode":
+            write_json(a.json, "decode", decode_sweep())

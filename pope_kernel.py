@@ -842,6 +842,7 @@ _DECODE_PROGRAMS = 512  # split programs to aim for: ~4 per SM of an H100/H200 (
 _DECODE_TILE = 8192  # elements of one key tile (BLOCK_N keys x key width): 16 KB of bf16 in flight
 #   per iteration, 64 float32 registers a thread at 4 warps. One fixed config (no autotuning): a
 #   CUDA graph captures whatever is launched, and the step is bound by reading the cache.
+_DECODE_WARPS = 4  # per split program (bench.py decode times other choices of these three)
 
 
 _READY, _POPE, _ROPE = 0, 1, 2  # TURN: q and k come ready, or raw to be turned as PoPE or RoPE turns them
@@ -1039,7 +1040,7 @@ def _decode(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, turn, splits,
             q, k, v, k_cache, v_cache, pos, part, freq, delta, q.stride(0), q.stride(1), q.stride(3),
             k.stride(0), k.stride(1), k.stride(3), v.stride(0), v.stride(1), v.stride(3),
             *k_cache.stride(), *v_cache.stride(), delta.stride(0), H, N, splits, sm_scale * 1.4426950408889634,
-            KEY_DIM=Dk, HEAD_DIM=D, BLOCK_N=block_n, TURN=turn, num_warps=4)
+            KEY_DIM=Dk, HEAD_DIM=D, BLOCK_N=block_n, TURN=turn, num_warps=_DECODE_WARPS)
         _decode_reduce_kernel[(B * H,)](part, out, pos, out.stride(0), out.stride(1), out.stride(3), H, N, splits,
                                         HEAD_DIM=D, BLOCK_N=block_n, SPLITS_POW2=_bucket(splits),
                                         num_warps=4)
