@@ -1,6 +1,7 @@
 """
 Perplexity against context length: does a model trained at context T still predict well at 2T .. 10T?
-For PoPE, RoPE and RoPE+YaRN checkpoints; tables on stdout, every number in --json, a PNG with --plot.
+For PoPE, RoPE and RoPE+YaRN checkpoints; tables on stdout (perplexity by length, ending with the longest
+length's change against the shortest's, and NLL by position), every number in --json, a PNG with --plot.
 
 Usage:
   python eval_extrapolation.py --ckpt out-pope/ckpt.pt out-rope/ckpt.pt --yarn --data data/openwebtext/val.bin
@@ -210,6 +211,8 @@ def run_series(s, lengths, args, device, ctx, bucket_size, bar):
             r["peak_extra_mem_mb"] = round((torch.cuda.max_memory_allocated() - mem0) / 2**20, 1)
         if rope:
             r["rope_scaling"], r["mscale"] = scale, (0.1 * math.log(scale) + 1.0 if scale > 1 else 1.0)
+    first, last = rec["results"][str(min(lengths))]["ppl"], rec["results"][str(max(lengths))]["ppl"]
+    rec["ppl_change_pct"] = 100 * (last / first - 1)  # the longest length against the shortest
     return rec
 
 
@@ -222,7 +225,8 @@ def print_tables(series, lengths):
     rows = [s["results"][str(max(lengths))]["buckets"] for s in series]
     for title, first, body in [
             ("perplexity by context length [scored tokens]", "length",
-             [(f"{L} [{tok0[str(L)]['tokens']}]", [ppl(s["results"][str(L)]) for s in series]) for L in lengths]),
+             [(f"{L} [{tok0[str(L)]['tokens']}]", [ppl(s["results"][str(L)]) for s in series]) for L in lengths]
+             + [(f"{max(lengths)} vs {min(lengths)}", [f"{s['ppl_change_pct']:+.1f}%" for s in series])]),
             (f"NLL (nats/token) by position in the windows of length {max(lengths)}", "positions",
              [(f"{b['start']}-{b['end'] - 1}", [f"{r[i]['nll']:.4f}" for r in rows]) for i, b in enumerate(rows[0])])]:
         head = f"{first:>17} " + "".join(f"{s['label']:>{w}}" for s in series)

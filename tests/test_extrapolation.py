@@ -218,6 +218,11 @@ def test_json_has_every_length_and_consistent_buckets(env, tmp_path, capsys):
     out = cap.out
     assert "perplexity by context length" in out and "NLL (nats/token) by position" in out
     assert "shorter" not in cap.err  # 16 and 48 divide 960
+    for m in js["models"].values():  # the table's last row: the longest length's perplexity against the shortest's
+        change = 100 * (m["results"]["96"]["ppl"] / m["results"]["16"]["ppl"] - 1)
+        assert m["ppl_change_pct"] == pytest.approx(change, rel=1e-12)
+    row = next(line for line in out.splitlines() if line.strip().startswith("96 vs 16"))
+    assert row.split()[3:] == [f"{m['ppl_change_pct']:+.1f}%" for m in js["models"].values()]
     assert js["lengths"] == [16, 48, 96]
     assert set(js["models"]) == {"out-pope", "out-rope"}
     for m in js["models"].values():
