@@ -264,26 +264,26 @@ def host(B=8, H=12, T=1024, D=64, n=50):
     pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(30)
 
 
-def decode_sweep(warps=(2, 4, 8), programs=(256, 512, 1024, 2048), tiles=(4096, 8192, 16384)):
+def decode_sweep(warps=(4, 8), programs=(512, 1024, 2048), tiles=(4096, 8192, 16384)):
     """pope_kernel.decode_attention's launch constants (_DECODE_WARPS, _DECODE_PROGRAMS, _DECODE_TILE)
     against its time: 12 calls over 12 caches (the layers of a 124M step: the caches do not fit in L2
     together) replayed as one CUDA graph, at the last slot of the cache, per call; GB/s counts the keys
-    and values read. PoPE's 128-wide keys and RoPE's 64-wide, raw q and k (turned in the kernel)."""
+    and values read. Raw q and k (turned in the kernel) over PoPE's 128-wide Cartesian keys ("pope"),
+    PoPE's 64-wide magnitudes alone ("pope-mu": the phases made in the kernel) and RoPE's 64-wide keys."""
     header("decode_attention launch sweep: us per call (12 caches in a CUDA graph), GB/s of cache read")
     saved = pk._DECODE_WARPS, pk._DECODE_PROGRAMS, pk._DECODE_TILE
-    print(f"{'turn':5s} {'B':>2s} {'N':>5s} {'warps':>5s} {'programs':>8s} {'tile':>6s} {'splits':>6s} "
+    print(f"{'turn':7s} {'B':>2s} {'N':>5s} {'warps':>5s} {'programs':>8s} {'tile':>6s} {'splits':>6s} "
           f"{'block_n':>7s} {'us':>8s} {'GB/s':>7s}", flush=True)
     rows = []
     try:
-        for turn, B, N in (("pope", 1, 1024), ("pope", 1, 8192), ("pope", 8, 8192), ("rope", 1, 8192),
-                           ("rope", 8, 8192)):
+        for turn, B, N in [(t, B, N) for t in ("pope", "pope-mu", "rope") for B, N in ((1, 1024), (1, 8192), (8, 8192))]:
             Dk = 128 if turn == "pope" else 64
             g = torch.Generator("cuda").manual_seed(N + B)
             caches = [tuple(torch.randn(B, 12, N, d, device="cuda", generator=g).bfloat16() for d in (Dk, 64))
                       for _ in range(12)]
             q, k, v = (torch.randn(B, 12, 1, 64, device="cuda", generator=g).bfloat16() for _ in range(3))
             where = torch.tensor([N - 1], device="cuda")
-            kw = dict(theta=frequencies(64, "cuda"), delta=torch.zeros(12, 64, device="cuda")) if turn == "pope" \
+            kw = dict(theta=frequencies(64, "cuda"), delta=torch.zeros(12, 64, device="cuda")) if turn != "rope" \
                 else dict(inv_freq=model_lib.yarn_inv_freq(64, 10000.0, 1.0, N)[0].cuda())
             gbytes = 12 * B * 12 * N * (Dk + 64) * 2 / 1e9
             for w in warps:
@@ -298,7 +298,7 @@ def decode_sweep(warps=(2, 4, 8), programs=(256, 512, 1024, 2048), tiles=(4096, 
                         ms = graph_ms(step, [])
                         rows.append(dict(turn=turn, B=B, N=N, warps=w, programs=p, tile=t, **launch,
                                          us=ms * 1e3 / 12, gb_s=gbytes / (ms * 1e-3)))
-                        print(f"{turn:5s} {B:2d} {N:5d} {w:5d} {p:8d} {t:6d} {launch['splits']:6d} "
+                        print(f"{turn:7s} {B:2d} {N:5d} {w:5d} {p:8d} {t:6d} {launch['splits']:6d} "
                               f"{launch['block_n']:7d} {ms * 1e3 / 12:8.1f} {gbytes / (ms * 1e-3):7.0f}", flush=True)
             best = min((r for r in rows if (r["turn"], r["B"], r["N"]) == (turn, B, N)), key=lambda r: r["us"])
             print(f"# best {turn} B={B} N={N}: warps {best['warps']}, programs {best['programs']}, tile "

@@ -845,15 +845,17 @@ _DECODE_TILE = 8192  # elements of one key tile (BLOCK_N keys x key width): 16 K
 _DECODE_WARPS = 4  # per split program (bench.py decode times other choices of these three)
 
 
-_READY, _POPE, _ROPE = 0, 1, 2  # TURN: q and k come ready, or raw to be turned as PoPE or RoPE turns them
+_READY, _POPE, _ROPE, _POPE_MU = 0, 1, 2, 3  # TURN: q and k come ready, or raw to be turned as PoPE or RoPE
+#   turns them; _POPE_MU: PoPE with a cache of magnitudes mu_k alone (D numbers a key, as RoPE's), whose phases
+#   (s - t) theta_c + delta_c the kernel makes per slot: 2/3 of the Cartesian cache's bytes, a cos per key entry
 
 
 @triton.jit
 def _decode_turn(X, sxd, pos, FREQ, DELTA, TURN: tl.constexpr, KEY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr):
     """The KEY_DIM-long float32 query or key from X (one row, stride sxd) at position pos. _POPE: X raw
     (HEAD_DIM wide), [mu cos(phi), mu sin(phi)] with phi = pos * theta_c (+ delta_c for a key: DELTA not
-    None), as model.pope_cartesian in float32; _ROPE: X raw, rotated as model.apply_rope (rotate-half)
-    by pos * inv_freq_i; _READY: X as it is."""
+    None), as model.pope_cartesian in float32; _POPE_MU: mu = softplus(X) alone; _ROPE: X raw, rotated as
+    model.apply_rope (rotate-half) by pos * inv_freq_i; _READY: X as it is."""
     offs = tl.arange(0, KEY_DIM)
     if TURN == 1:  # entries c and HEAD_DIM + c both come from raw channel c
         c = offs % HEAD_DIM
@@ -868,6 +870,8 @@ def _decode_turn(X, sxd, pos, FREQ, DELTA, TURN: tl.constexpr, KEY_DIM: tl.const
         x = tl.load(X + offs * sxd).to(tl.float32)
         y = tl.load(X + ((offs + half) % HEAD_DIM) * sxd).to(tl.float32)
         x = x * cos + tl.where(offs < half, -y, y) * sin
+    elif TURN == 3:
+        x = _softplus(tl.load(X + offs * sxd).to(tl.float32))
     else:
         x = tl.load(X + offs * sxd).to(tl.float32)
     return x
@@ -894,6 +898,9 @@ def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART, FREQ, DELTA,
         offs_k = tl.arange(0, KEY_DIM)
         offs_d = tl.arange(0, HEAD_DIM)
         q = _decode_turn(Q + b * sqb + h * sqh, sqd, pos, FREQ, None, TURN, KEY_DIM, HEAD_DIM) * qk_scale
+        if TURN == 3:  # the score of key s: sum_c mu_q,c mu_k,sc cos((s - pos) theta_c + delta_c)
+            theta = tl.load(FREQ + offs_k)
+            dlt = tl.load(DELTA + h * sdh + offs_k)
         KC += b * skb + h * skh
         VC += b * svb + h * svh
         m = float("-inf")
@@ -904,8 +911,11 @@ def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART, FREQ, DELTA,
         for start in range(lo_hi[0], lo_hi[1], BLOCK_N):
             offs = start + tl.arange(0, BLOCK_N)
             ok = offs < old
-            k = tl.load(KC + offs[:, None] * skt + offs_k[None, :] * skd, mask=ok[:, None], other=0.0)
-            s = tl.where(ok, tl.sum(k.to(tl.float32) * q[None, :], 1), float("-inf"))
+            k = tl.load(KC + offs[:, None] * skt + offs_k[None, :] * skd, mask=ok[:, None], other=0.0).to(tl.float32)
+            if TURN == 3:
+                cos, _ = _cos_sin((offs - pos).to(tl.float32)[:, None] * theta[None, :] + dlt[None, :])
+                k = k * cos
+            s = tl.where(ok, tl.sum(k * q[None, :], 1), float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 0))
             p = tl.math.exp2(s - m_new)
             alpha = tl.math.exp2(m - m_new)
@@ -919,7 +929,11 @@ def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART, FREQ, DELTA,
             vn = _cast(tl.load(VN + b * svnb + h * svnh + offs_d * svnd).to(tl.float32), VC.dtype.element_ty)
             tl.store(KC + pos * skt + offs_k * skd, kn)
             tl.store(VC + pos * svt + offs_d * svd, vn)
-            s = tl.sum(kn.to(tl.float32) * q, 0)
+            kn = kn.to(tl.float32)
+            if TURN == 3:  # (s - pos = 0: the phase is delta_c)
+                cos, _ = _cos_sin(dlt)
+                kn = kn * cos
+            s = tl.sum(kn * q, 0)
             m_new = tl.maximum(m, s)
             p = tl.math.exp2(s - m_new)
             alpha = tl.math.exp2(m - m_new)
@@ -986,32 +1000,34 @@ def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, de
     one-element integer tensor on their device (read there: no host sync, CUDA-graph safe), 0 <= pos
     < N (past N nothing is written and the output is NaN). Returns (B, H, 1, D) in the cache dtype.
     Raw q and k (B, H, 1, D), turned at pos in the kernel (float32, the key then rounded to the cache
-    dtype): with theta (D,) and delta (H, D), PoPE's Cartesian form (Dk = 2D: model.pope_cartesian's);
-    with inv_freq (D/2,), RoPE's rotation (Dk = D: model.apply_rope's). theta, delta and inv_freq are
+    dtype): with theta (D,) and delta (H, D), PoPE's Cartesian form (Dk = 2D: model.pope_cartesian's), or
+    for D-wide caches the magnitudes mu = softplus alone, each slot's phase made in the kernel; with inv_freq
+    (D/2,), RoPE's rotation (Dk = D: model.apply_rope's). theta, delta and inv_freq are
     used as given (float32, rows contiguous; bound delta with model.pope_delta first).
     splits and block_n (a power of two >= 16) override the launch's (tests: many chunks at small N; model.KVCache
     passes decode_launch's, picked once)."""
     B, H, N, Dk = k_cache.shape
     D = v_cache.size(-1)
-    turn = _POPE if theta is not None else _ROPE if inv_freq is not None else _READY
+    turn = (_POPE if Dk == 2 * D else _POPE_MU) if theta is not None else _ROPE if inv_freq is not None else _READY
     Dq = Dk if turn == _READY else D
     if q.shape != (B, H, 1, Dq) or k.shape != (B, H, 1, Dq) or v.shape != (B, H, 1, D) or pos.numel() != 1:
         raise ValueError(f"need q, k (B={B}, H={H}, 1, {Dq}), v (.., 1, {D}), one pos for caches "
                          f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}; got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}, v {tuple(v.shape)}, pos {tuple(pos.shape)}")
-    if turn == _POPE and (Dk != 2 * D or delta is None or delta.shape != (H, D) or theta.shape != (D,)) or \
+    pope = turn in (_POPE, _POPE_MU)
+    if pope and (Dk not in (D, 2 * D) or delta is None or delta.shape != (H, D) or theta.shape != (D,)) or \
             turn == _ROPE and (Dk != D or inv_freq.shape != (D // 2,)):
-        raise ValueError(f"need theta ({D},) and delta ({H}, {D}) for 2D-wide PoPE keys, or inv_freq ({D // 2},) "
+        raise ValueError(f"need theta ({D},) and delta ({H}, {D}) for 2D- or D-wide PoPE keys, or inv_freq ({D // 2},) "
                          f"for D-wide RoPE keys; got key width {Dk}, theta {_shape(theta)}, delta {_shape(delta)}, "
                          f"inv_freq {_shape(inv_freq)}")
-    freq = theta if turn == _POPE else inv_freq
+    freq = theta if pope else inv_freq
     if not (splits and block_n):  # (model.KVCache passes both, picked once per cache)
         picked = decode_launch(k_cache, block_n)
         splits, block_n = splits or picked["splits"], picked["block_n"]
     # traced by torch.compile (generate's mode="compile"), the launch is one opaque op that writes the
     # caches; run eagerly or captured in a CUDA graph, the plain function (no dispatcher in between)
     run = _decode_op if torch.compiler.is_compiling() else _decode
-    return run(q, k, v, k_cache, v_cache, pos, freq, delta if turn == _POPE else None, float(sm_scale), turn,
+    return run(q, k, v, k_cache, v_cache, pos, freq, delta if pope else None, float(sm_scale), turn,
                splits, block_n)
 
 

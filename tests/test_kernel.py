@@ -663,6 +663,54 @@ def test_decoding_kernel_turns_raw_q_and_k(mode, D, dtype, seed):
     check_turned_decode(mode, D, dtype, seed + D + 1, 8009, [8000, 8008], splits=4, block_n=512)
 
 
+def check_mu_decode(D, dtype, seed, N, positions, **kw):
+    """decode_attention on raw q and k over a cache of PoPE magnitudes alone (D-wide keys with theta and delta):
+    the output against the formula in float64, softmax_s(scale sum_c mu_q,c mu_k,sc cos((s - pos) theta_c +
+    delta_c)) v_s, with mu = softplus and the phase rounded to float32 where the kernel makes it in float32
+    ((s - pos) theta, then + delta); slot pos then holds softplus(k) in the cache dtype, every other slot as it was.
+    Slot pos and all past it start as NaN; the cached magnitudes are positive, as softplus makes them."""
+    B, H = 2, 2
+    g = torch.Generator().manual_seed(seed)
+    scale = (0.5 + torch.rand(1, generator=g).item()) / math.sqrt(D)
+    theta = (10000.0 ** (-torch.arange(D, dtype=torch.float64) / D)).float()
+    delta = -2 * math.pi * torch.rand(H, D, generator=g)
+    softplus = lambda x: torch.logaddexp(x.double(), torch.zeros((), dtype=torch.float64))  # noqa: E731
+    for pos in positions:
+        what = f"seed={seed} mu-keys D={D} {dtype} N={N} pos={pos} {kw}"
+        q, k = ((2 * torch.randn(B, H, 1, D, generator=g)).to(dtype) for _ in range(2))
+        v = torch.randn(B, H, 1, D, generator=g).to(dtype)
+        kc = softplus(2 * torch.randn(B, H, N, D, generator=g)).to(dtype)
+        vc = torch.randn(B, H, N, D, generator=g).to(dtype)
+        kc[:, :, pos:], vc[:, :, pos:] = float("nan"), float("nan")
+        before_k, before_v = kc.clone(), vc.clone()
+        mu_k = torch.cat([kc[:, :, :pos].double(), softplus(k)], 2)  # (B, H, pos + 1, D)
+        vals = torch.cat([vc[:, :, :pos], v], 2).double()
+        rel = torch.arange(-pos, 1, dtype=torch.float32)  # s - pos
+        phase = ((rel[:, None] * theta).double() + delta.double()[:, None, :]).float().double()  # (H, pos + 1, D)
+        a = scale * (softplus(q) * mu_k * torch.cos(phase)).sum(-1)  # (B, H, pos + 1)
+        ref = torch.softmax(a, -1)[:, :, None] @ vals
+        out = pk.decode_attention(q, k, v, kc, vc, torch.tensor([pos]), scale, theta=theta, delta=delta, **kw)
+        assert out.shape == (B, H, 1, D) and out.dtype == dtype, f"{what}: {tuple(out.shape)} {out.dtype}"
+        assert torch.isfinite(out).all(), f"{what}: NaN/inf in the output (a slot >= pos read, or one not written)"
+        assert rel_err(out, ref) < BOUND[dtype][0], f"{what}: rel err {rel_err(out, ref):.2e}"
+        got, want = kc[:, :, pos:pos + 1].double(), softplus(k).to(dtype).double()
+        tol = ulp_of(want, dtype) + ulp_of(want, torch.float32) * 4  # (the kernel's softplus: within 2.5 float32 ulps)
+        assert ((got - want).abs() <= tol).all(), f"{what}: slot pos is not softplus(k)"
+        before_k[:, :, pos], before_v[:, :, pos] = kc[:, :, pos], v[:, :, 0]
+        for name, x, y in (("k", kc, before_k), ("v", vc, before_v)):
+            assert torch.equal(x.nan_to_num(1e4), y.nan_to_num(1e4)), f"{what}: the {name} cache is wrong"
+
+
+@interpreted
+@pytest.mark.parametrize("D", [32, 64])
+@pytest.mark.parametrize("dtype,seed", [(torch.float32, 70), (torch.bfloat16, 71)])
+def test_decoding_kernel_over_pope_magnitudes(D, dtype, seed):
+    """The cache of magnitudes alone: positions in the first, a middle and the last of 3 chunks of 16-key blocks,
+    then 8000 and 8008 on a long cache (relative phases of up to 8000 rad), 4 chunks of 512-key blocks."""
+    check_mu_decode(D, dtype, seed + D, 83, [0, 40, 82], splits=3, block_n=16)
+    check_mu_decode(D, dtype, seed + D + 1, 8009, [8000, 8008], splits=4, block_n=512)
+
+
 @interpreted
 def test_decoding_kernel_refuses_what_cannot_turn():
     """Turning input whose widths do not fit the caches: a one-line error naming the shapes."""
