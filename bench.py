@@ -501,7 +501,7 @@ def sample_bench(modes=("eager", "graph", "compile"), json_path=None):
         for T in (1024, 8192):
             model = random_gpt(pos_emb, T, std=0.02)
             cfg = model.config
-            bytes_tok = cfg.n_layer * cfg.n_embd * (3 if pos_emb == "pope" else 2) * 2
+            bytes_tok = cfg.n_layer * cfg.n_embd * 2 * 2  # (PoPE on the decoding kernel: magnitudes, as RoPE's keys)
             for B in (1, 8):
                 row = dict(model=pos_emb, context=T, batch=B, cache_bytes_per_token=bytes_tok)
                 for mode in modes:

@@ -23,9 +23,7 @@ try:  # the fused kernel needs Triton; without it the PyTorch path below runs ev
     from pope_kernel import kernel_unsupported_reason  # (q, k, v, delta): None, or why the kernel cannot take them
 except ImportError as e:
     pope_kernel, KERNEL_MISSING = None, f"Triton is not importable: {e}"
-
-    def kernel_unsupported_reason(q, k, v, delta):  # pope_kernel's own when it imports (train.py asks it too)
-        return KERNEL_MISSING
+    kernel_unsupported_reason = lambda q, k, v, delta: KERNEL_MISSING  # noqa: E731 (pope_kernel's, which train.py asks too)
 
 TWO_PI = 2.0 * math.pi
 
@@ -44,8 +42,7 @@ class GPTConfig:
     rope_base: float = 10000.0
     pope_delta_init: str = "zero"  # "zero" (language) | "uniform": U(-2pi, 0)
     pope_delta_bound: str = "wrap"  # how delta is kept in [-2pi, 0]: "wrap" | "clamp" | "project" (see pope_delta)
-    attn_impl: str = "auto"  # "auto" (the kernels on CUDA) | "torch" (the code below) | "triton": for PoPE's attention,
-    # and for every pos_emb the one-token step of cached decoding (KVCache.attend)
+    attn_impl: str = "auto"  # "auto" (kernels on CUDA) | "torch" (the code below) | "triton": PoPE's attention, cached steps
     rope_scaling: float = 1.0  # YaRN (arXiv 2309.00071), RoPE only: s > 1 stretches the context by s; 1.0 is plain RoPE
     rope_scaling_orig_len: int = 0  # the context that s stretches (0 means block_size)
 
@@ -75,10 +72,10 @@ class GPTConfig:
 # of the 2D-long vectors [mu cos(phi), mu sin(phi)], so the PyTorch path builds those (pope_cos_sin,
 # then pope_cartesian) and calls SDPA. Values, softmax and the causal mask are unchanged.
 #
-# The fused kernel (pope_kernel.py) takes theta from pope_frequencies and delta from pope_delta; its @triton.jit
-# helpers _softplus, _cos_sin, _cartesian_tile and _cartesian_grad (the backward) are its copy of pope_magnitude,
-# pope_cos_sin and pope_cartesian. To try a variant: edit this section, run with --attn_impl=torch (the PyTorch
-# path, on any device), then port the change to those helpers; tests/test_kernel.py fails while the two differ.
+# The kernels (pope_kernel.py: training, and decoding's _decode_turn) take theta from pope_frequencies and delta from
+# pope_delta; their @triton.jit helpers _softplus, _cos_sin, _cartesian_tile and _cartesian_grad (the backward) are the
+# copy of pope_magnitude, pope_cos_sin and pope_cartesian. To try a variant: edit this section, run --attn_impl=torch
+# (the PyTorch path, any device), then port the change to those helpers; tests/test_kernel.py fails while they differ.
 
 def pope_magnitude(x):
     """mu = softplus(x): every path's magnitudes (the kernel's copy: _softplus)."""
@@ -145,10 +142,7 @@ def yarn_inv_freq(head_dim, base, scale, orig_len, beta_fast=32.0, beta_slow=1.0
     theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     if scale <= 1.0:
         return theta.float(), 1.0
-
-    def pair_index(rotations):
-        return head_dim * math.log(orig_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
+    pair_index = lambda b: head_dim * math.log(orig_len / (b * 2 * math.pi)) / (2 * math.log(base))  # noqa: E731 d(b)
     low = max(math.floor(pair_index(beta_fast)), 0)
     high = min(math.ceil(pair_index(beta_slow)), head_dim - 1)
     ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0.0, 1.0)
@@ -193,15 +187,19 @@ def use_pope_kernel(attn_impl, q, k, v, delta):
 class KVCache:
     """generate()'s static cache, `context` slots per layer. A forward of T tokens writes its keys and values at
     positions pos..pos+T-1 and attends over the slots up to each; pos, a tensor, advances in place, so a one-token step
-    replays as a CUDA graph. Keys are kept ready: RoPE's rotated, PoPE's Cartesian (3 n_embd numbers a token)."""
+    replays as a CUDA graph. Keys: RoPE's rotated; PoPE's magnitudes mu_k alone on the decoding kernel (which makes each
+    slot's phase), else their Cartesian form, ready for a matmul."""
 
     def __init__(self, model, B, context, dtype):
         cfg, device, attns = model.config, model.lm_head.weight.device, [b.attn for b in model.transformer.h]
-        H, D, Dk = cfg.n_head, cfg.n_embd // cfg.n_head, cfg.n_embd // cfg.n_head * (2 if cfg.pos_emb == "pope" else 1)
-        self.k, self.v = ([torch.zeros(B, H, context, w, device=device, dtype=dtype) for _ in attns] for w in (Dk, D))
-        self.slots, self.pos = torch.arange(context, device=device), torch.zeros((), dtype=torch.long, device=device)
-        why = pope_kernel.decode_unsupported_reason(self.k[0], self.v[0]) if pope_kernel else KERNEL_MISSING
+        H, D = cfg.n_head, cfg.n_embd // cfg.n_head
+        self.v = [torch.zeros(B, H, context, D, device=device, dtype=dtype) for _ in attns]
+        why = pope_kernel.decode_unsupported_reason(self.v[0], self.v[0]) if pope_kernel else KERNEL_MISSING
         self.kernel = why is None and (cfg.attn_impl == "triton" or cfg.attn_impl == "auto" and device.type == "cuda")
+        self.mu = cfg.pos_emb == "pope" and self.kernel  # PoPE's keys: mu_k alone, else (2D wide) the Cartesian form
+        self.k = [torch.zeros(B, H, context, D * (1 + (cfg.pos_emb == "pope" and not self.mu)), device=device, dtype=dtype)
+                  for _ in attns]
+        self.slots, self.pos = torch.arange(context, device=device), torch.zeros((), dtype=torch.long, device=device)
         launch = pope_kernel.decode_launch(self.k[0]) if self.kernel else {}  # its splits and block_n, picked once
         self.pos_emb, self.dtype, self.turn = cfg.pos_emb, dtype, [launch] * cfg.n_layer  # turn: per layer
         if cfg.pos_emb == "pope":  # theta and the bounded deltas, read once, in the dtype pope_cartesian computes in
@@ -216,7 +214,7 @@ class KVCache:
         self.positions = self.pos.view(1) if T == 1 else self.pos + self.slots[:T]  # (pos advances after the layers)
         if T > 1 or not self.kernel:  # (T, context): the mask of every slot past each query; the kernel needs neither
             self.bias = torch.where(self.slots > self.positions[:, None], -math.inf, 0.0).to(self.dtype)
-            if self.pos_emb == "pope":  # per layer, for q and k stacked: the queries' (T, 2, D), the keys' (H, T, 2, D)
+            if self.pos_emb == "pope" and not self.mu:  # per layer, q and k stacked: queries' (T, 2, D), keys' (H, T, 2, D)
                 rk = pope_cos_sin(self.positions, self.theta, self.delta)  # (L, H, T, 2, D)
                 self.rotation = torch.stack([pope_cos_sin(self.positions, self.theta).expand_as(rk), rk], 1)[:, :, None]
             if self.pos_emb == "rope":  # per layer: the layer's cos and sin, (T, D) each
@@ -225,10 +223,13 @@ class KVCache:
     def attend(self, layer, q, k, v, scale):  # turns raw q and k, writes k and v, attends over the slots up to each
         if q.size(2) == 1 and self.kernel:  # one token: 2 kernels, which turn q and k, write k and v, read slots 0..pos
             return pope_kernel.decode_attention(q, k, v, self.k[layer], self.v[layer], self.positions, scale, **self.turn[layer])
-        if self.pos_emb != "none":  # q and k stacked: one set of kernels turns both (PoPE: pope_attention_torch's)
+        if self.pos_emb != "none" and not self.mu:  # q and k stacked: one set of kernels turns both (PoPE's as above)
             rot, qk = self.rotation[layer], torch.stack([q, k])
             q, k = pope_cartesian(qk, rot).to(v.dtype) if self.pos_emb == "pope" else apply_rope(qk, *rot)
-        k = self.k[layer].index_copy_(2, self.positions, k)  # (index_copy_ returns the whole cache)
+        k = self.k[layer].index_copy_(2, self.positions, pope_magnitude(k.to(self.theta.dtype)).to(self.dtype) if self.mu else k)
+        if self.mu:  # a prefill over the magnitudes' cache (index_copy_ returns all of it): each slot's Cartesian key
+            q = pope_cartesian(q, pope_cos_sin(self.positions, self.theta)).to(v.dtype)
+            k = (k.unsqueeze(-2) * pope_cos_sin(self.slots, self.theta, self.delta[layer])).flatten(-2).to(v.dtype)
         v = self.v[layer].index_copy_(2, self.positions, v)
         if q.size(2) > 1:  # a prefill: SDPA picks a fused kernel that takes the mask
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias, scale=scale)
@@ -399,13 +400,11 @@ class GPT(nn.Module):
         the attention matmuls. PoPE's QK^T runs over 2D-long vectors, so its attention costs (2D + D), not (D + D)."""
         cfg = self.config
         L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, T or cfg.block_size
-        qk = 2 * Q if cfg.pos_emb == "pope" else Q
-        return 6 * self.get_num_params() + 6 * L * H * (qk + Q) * T
+        return 6 * self.get_num_params() + 6 * L * H * ((2 if cfg.pos_emb == "pope" else 1) * Q + Q) * T
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops=989e12):
         """FLOP/s achieved over peak_flops (H100/H200 dense bf16); fwdbwd_per_iter: sequences per step."""
-        T = self.config.block_size
-        return self.flops_per_token(T) * T * fwdbwd_per_iter / dt / peak_flops
+        return self.flops_per_token() * self.config.block_size * fwdbwd_per_iter / dt / peak_flops
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, vocab_size=None, context=None,

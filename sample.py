@@ -146,7 +146,9 @@ def main(argv=None):
               f"token is computed from the last {context} tokens from scratch (slow); --context=N holds more",
               file=sys.stderr)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :].repeat(args.num_samples, 1)
-    keys = "PoPE keys in Cartesian form" if model.config.pos_emb == "pope" else f"{model.config.pos_emb} keys"
+    kernel = model.config.attn_impl == "triton" or model.config.attn_impl == "auto" and device.startswith("cuda")
+    keys = ("PoPE keys as magnitudes, their phases made by the decoding kernel" if kernel else "PoPE keys in Cartesian "
+            "form") if model.config.pos_emb == "pope" else f"{model.config.pos_emb} keys"
     print(f"decoding: {mode}, static KV cache of {context} positions (block_size {model.config.block_size}), "
           f"{keys}; prefill attention: SDPA", file=sys.stderr)
     if device.startswith("cuda:"):

@@ -61,7 +61,7 @@ def greedy_recompute(model, idx, n, window):
 def test_cached_decoding_equals_the_uncached_forward(pos_emb):
     """Prefill and one-token steps on the static cache give the uncached model's
     logits; generate()'s greedy tokens are those of recomputing from scratch. For
-    PoPE the cache holds each key's Cartesian form, [mu cos(s theta + delta),
+    PoPE the PyTorch path's cache holds each key's Cartesian form, [mu cos(s theta + delta),
     mu sin(s theta + delta)], written once at its position."""
     seed = torch.seed() % 2**31
     torch.manual_seed(seed)

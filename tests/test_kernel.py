@@ -442,7 +442,7 @@ def test_backward_holds_one_2d_long_copy_at_a_time(monkeypatch):
 @interpreted
 def test_cached_decoding_equals_recompute_on_the_kernel():
     """generate() with attn_impl='triton': the prompt and the one-token steps run on
-    the static cache (Cartesian keys; SDPA for the prompt, the decoding kernel for the
+    the static cache (magnitudes alone; SDPA for the prompt, the decoding kernel for the
     steps, never pope_attention) and give the greedy tokens of recomputing from scratch
     on the kernel."""
     from model import GPT, GPTConfig
@@ -758,6 +758,8 @@ def test_generate_on_the_decoding_kernel_equals_the_pytorch_path(pos_emb, D, mon
     assert torch.equal(out["triton"], out["torch"]), f"seed=42/43 {pos_emb} D={D}: {out}"
     caches = {impl: KVCache(m, 2, 24, torch.float32) for impl, m in models.items()}
     assert caches["triton"].kernel and not caches["torch"].kernel
+    if pos_emb == "pope":  # the kernel's cache keeps the magnitudes alone, the PyTorch path's the Cartesian form
+        assert caches["triton"].k[0].size(-1) == D and caches["torch"].k[0].size(-1) == 2 * D
     g = torch.Generator().manual_seed(44)
     with torch.no_grad():
         tok = idx
@@ -773,13 +775,14 @@ def test_generate_on_the_decoding_kernel_equals_the_pytorch_path(pos_emb, D, mon
 def test_the_cache_launches_the_decoding_kernel_as_decode_attention_would(pos_emb, monkeypatch):
     """KVCache picks the kernel's splits and block_n once (pope_kernel.decode_launch) and passes them in: a model
     step launches what decode_attention picks on its own for those caches, where the cache length cuts the splits
-    (N 1000: 8 blocks of 128 PoPE keys, 4 of 256 RoPE or NoPE ones) and where the budget of 512 programs does
-    (32 (batch, head) pairs: 16 splits)."""
+    (N 1000: 4 blocks of 256 keys, 32 wide: PoPE's magnitudes, RoPE's or NoPE's keys) and where the budget of 512
+    programs does (32 (batch, head) pairs: 16 splits)."""
     from model import KVCache
     launched = []
     monkeypatch.setattr(pk, "_decode", lambda *a: launched.append(a[-2:]) or a[4][:, :, :1].clone())
     model = tiny_float(pos_emb, "triton")
-    block_n = 128 if pos_emb == "pope" else 256  # 8192 / key width (64 PoPE, 32 otherwise)
+    block_n = 256  # 8192 / key width (32: D, PoPE's magnitudes alone as RoPE's keys)
+    assert KVCache(model, 1, 8, torch.float32).k[0].size(-1) == 32
     for B, N, want in ((2, 1000, (1000 // block_n + 1, block_n)), (16, 8000, (16, block_n))):
         cache = KVCache(model, B, N, torch.float32)
         with torch.no_grad():
