@@ -364,8 +364,9 @@ def random_gpt(pos_emb, block_size, std=0.1, **kw):
 
 def decode_kernel_check():
     """pope_kernel.decode_attention, the one-token step's attention, at the 124M model's shapes
-    (12 heads; PoPE's 128-wide keys, RoPE's 64), context 8192, bf16, against float64: slot 0, a
-    first chunk, the middle, the last slot. True when every relative error is < 1e-2."""
+    (12 heads; ready keys 128 and 64 wide; PoPE's magnitudes, raw q and k), context 8192, bf16,
+    against float64: slot 0, a first chunk, the middle, the last slot. True when every relative
+    error is < 1e-2."""
     ok = True
     for B, Dk in ((1, 128), (8, 64)):
         g = torch.Generator("cuda").manual_seed(Dk)
@@ -380,6 +381,23 @@ def decode_kernel_check():
         ok &= good
         print(f"{'ok ' if good else 'BAD'} decode_attention B={B} H=12 N=8192 Dk={Dk} D=64 bf16 vs float64 at "
               f"pos 0, 100, 5000, 8191: rel err {', '.join(f'{e:.1e}' for e in errs)}; new k, v written", flush=True)
+    # PoPE over a cache of magnitudes (KVCache's on the kernel): raw q and k, the score from the formula in float64
+    g = torch.Generator("cuda").manual_seed(7)
+    theta, delta = frequencies(64, "cuda"), -6.283 * torch.rand(12, 64, device="cuda", generator=g)
+    mu, vc = F.softplus(2 * torch.randn(8, 12, 8192, 64, device="cuda", generator=g)).bfloat16(), \
+        torch.randn(8, 12, 8192, 64, device="cuda", generator=g).bfloat16()
+    errs = []
+    for pos in (0, 100, 5000, 8191):
+        q, k, v = (torch.randn(8, 12, 1, 64, device="cuda", generator=g).bfloat16() for _ in range(3))
+        out = pk.decode_attention(q, k, v, mu, vc, torch.tensor([pos], device="cuda"), 0.125, theta=theta, delta=delta)
+        mus = mu[:, :, :pos + 1].double()  # (slot pos now holds softplus(k), written by the call)
+        phase = torch.arange(-pos, 1, device="cuda").double()[:, None] * theta.double() + delta.double()[:, None]
+        a = 0.125 * (F.softplus(q.double()) * mus * torch.cos(phase)).sum(-1)
+        errs.append(rel(out, torch.softmax(a, -1)[:, :, None] @ vc[:, :, :pos + 1].double()))
+    good = max(errs) < 1e-2
+    ok &= good
+    print(f"{'ok ' if good else 'BAD'} decode_attention over PoPE magnitudes, B=8 H=12 N=8192 D=64 bf16 vs float64 "
+          f"at pos 0, 100, 5000, 8191: rel err {', '.join(f'{e:.1e}' for e in errs)}", flush=True)
     return ok
 
 
