@@ -665,6 +665,38 @@ def aot_report(cases, all_configs=True, capability=90):
     return rows
 
 
+def aot_decode_report(B=1, H=12, N=8192, D=64, capability=90):
+    """Compile the decoding kernels as KVCache's one-token step launches them (bf16, the 124M model's
+    heads): ready 2D-wide keys, PoPE's Cartesian turn, PoPE's magnitudes alone, RoPE's turn."""
+    import triton
+    target = triton.backends.compiler.GPUTarget("cuda", capability, 64)
+    rows, saved = [], (pk._decode_split_kernel, pk._decode_reduce_kernel)
+
+    class Record:  # stands in for kernel[grid](...)
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                c = _aot_compile(self.fn, args, kwargs, target)
+                rows.append(dict(kernel=self.fn.fn.__name__, case=case, config=(kwargs.get("BLOCK_N"), kwargs.get(
+                    "num_warps")), shared=c.metadata.shared, wgmma="wgmma" in c.asm["ptx"], **_resources(c)))
+            return run
+
+    pk._decode_split_kernel, pk._decode_reduce_kernel = Record(saved[0]), Record(saved[1])
+    theta, delta, inv = model_lib.pope_frequencies(D), torch.zeros(H, D), model_lib.yarn_inv_freq(D, 1e4, 1.0, N)[0]
+    try:
+        for case, Dk, kw in (("ready keys, 2D wide", 2 * D, {}), ("pope, Cartesian keys", 2 * D, dict(theta=theta,
+                             delta=delta)), ("pope, magnitudes", D, dict(theta=theta, delta=delta)),
+                             ("rope", D, dict(inv_freq=inv))):
+            q = torch.zeros(B, H, 1, Dk if not kw else D, dtype=torch.bfloat16)
+            kc, vc = torch.zeros(B, H, N, Dk, dtype=torch.bfloat16), torch.zeros(B, H, N, D, dtype=torch.bfloat16)
+            pk.decode_attention(q, q, q[..., :D], kc, vc, torch.tensor([N - 1]), D ** -0.5, **kw)
+    finally:
+        pk._decode_split_kernel, pk._decode_reduce_kernel = saved
+    return rows
+
+
 def aot():
     import triton
     print(f"# triton {triton.__version__}, sm_90; stack = bytes of spills; shared of {HOPPER_SMEM} per block")
@@ -673,6 +705,9 @@ def aot():
                              (1, 2, 1, 256, D, torch.bfloat16, True, 255)]):
             print(f"{r['kernel']:20s} {r['case']:34s} {str(r['config']):18s} regs {r['reg']:3d} "
                   f"stack {r['stack']:4d} shared {r['shared']:6d} wgmma {r['wgmma']}", flush=True)
+    for r in aot_decode_report():
+        print(f"{r['kernel']:22s} {r['case']:24s} BLOCK_N, warps {str(r['config']):10s} regs {r['reg']:3d} "
+              f"stack {r['stack']:4d} shared {r['shared']:6d}", flush=True)
 
 
 if __name__ == "__main__":
