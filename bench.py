@@ -262,6 +262,13 @@ def host(B=8, H=12, T=1024, D=64, n=50):
         prof.disable()
     print("# cProfile, eager decoding of 40 tokens (one prefill): top 30 by own time")
     pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(30)
+    # the GPU's side of a one-token step (a CUDA graph replays these kernels): kernels by name, count, time
+    from torch.profiler import ProfilerActivity, profile
+    with torch.autocast("cuda", torch.bfloat16), profile(activities=[ProfilerActivity.CUDA]) as p:
+        model.generate(prompt, 11)
+    print("# CUDA kernels of eager decoding: a prefill and 10 one-token steps, totals")
+    print(p.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+    print(f"# {sum(e.count for e in p.key_averages()) / 10:.0f} kernels per step (the prefill's included)", flush=True)
 
 
 def decode_sweep(warps=(4, 8), programs=(512, 1024, 2048), tiles=(4096, 8192, 16384)):
