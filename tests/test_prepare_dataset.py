@@ -268,7 +268,7 @@ def test_prepare_command_is_recorded_and_rebuilds_the_set(tmp_path):
     new = build(out, NEW)
     meta = json.loads(new["meta.json"])
     assert meta["prepare"] == ("python prepare/indirect_indexing.py --quick --n_train 200 --n_val 40 --n_test 40 "
-                               f"--min_len 10 --max_len 20 --max_shift 5 --out_dir {out}")
+                               f"--min_len 10 --max_len 20 --max_shift 5 --out_dir {common.repo_path(out)}")
     assert meta["tokens"] == {"train": 6200, "val": 1240, "test": 1240}
     # run the recorded command from the repo root: the same bytes
     argv = shlex.split(meta["prepare"])
@@ -331,7 +331,7 @@ def test_check_dataset_accepts_a_good_set(good):
 
 def rebuild_of(d):
     """meta["prepare"] of the good set (a copy keeps the command that made it)."""
-    return f"python prepare/indirect_indexing.py --quick --n_train 40 --n_val 20 --n_test 20 --out_dir {d}"
+    return f"python prepare/indirect_indexing.py --quick --n_train 40 --n_val 20 --n_test 20 --out_dir {common.repo_path(d)}"
 
 
 FAULTS = {
@@ -373,7 +373,7 @@ def test_check_dataset_names_file_fault_and_command(good, copy, fault, monkeypat
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.startswith(f"{copy / name}: ") and words in msg, msg
-    cmd = rebuild_of(good) if readable else f"python prepare/indirect_indexing.py --quick --out_dir {copy}"
+    cmd = rebuild_of(good) if readable else f"python prepare/indirect_indexing.py --quick --out_dir {common.repo_path(copy)}"
     assert msg.endswith(f"; rebuild it with: {cmd}"), msg
 
 
@@ -381,7 +381,8 @@ def test_check_dataset_missing_folder_and_other_names(tmp_path):
     with pytest.raises(common.PrepareError) as e:
         common.check_dataset(tmp_path / "jsb")
     assert str(e.value) == (f"{tmp_path / 'jsb'}: no such dataset folder; rebuild it with: "
-                            f"python prepare/jsb.py --input <Jsb16thSeparated.json> --out_dir {tmp_path / 'jsb'}")
+                            "python prepare/jsb.py --input <Jsb16thSeparated.json> "
+                            f"--out_dir {common.repo_path(tmp_path / 'jsb')}")
     with pytest.raises(common.PrepareError) as e:
         common.check_dataset(common.default_out_dir("maestro_nonexistent_name"))
     assert "no prepare command is known for a dataset named 'maestro_nonexistent_name'" in str(e.value)

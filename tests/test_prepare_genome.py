@@ -109,7 +109,8 @@ def test_regions_on_slices_match_reference(tmp_path, records):
     assert meta["dropped_bases"] == 431 + 3_908 + 1
     assert meta["vocab_size"] == 4107 and meta["format"] == "genome" and meta["itos"] == genome.ITOS
     assert meta["tokens"] == counts and common.check_dataset(tmp_path / "o", common.SPLITS) == meta
-    assert meta["prepare"] == f"python prepare/genome.py --input {tmp_path / 's.fa.gz'} --out_dir {tmp_path / 'o'}"
+    assert meta["prepare"] == (f"python prepare/genome.py --input {common.repo_path(tmp_path / 's.fa.gz')} "
+                               f"--out_dir {common.repo_path(tmp_path / 'o')}")
     # plain FASTA gives the same files; a re-run (the recorded command) gives byte-identical files
     write_fasta(tmp_path / "s.fa", records)
     genome.main(["--input", str(tmp_path / "s.fa"), "--out_dir", str(tmp_path / "plain")])
@@ -133,8 +134,8 @@ def test_held_out_chromosomes_and_decode(tmp_path, records):
     assert test == [records[2][1][:5000], records[2][1][5001:]]
     meta = common.load_meta(tmp_path / "o")
     assert meta["holdout_regions"] == {} and meta["tokens"] == counts
-    assert meta["prepare"] == (f"python prepare/genome.py --input {tmp_path / 's.fa.gz'} --val_chroms 2 "
-                               f"--test_chroms chr3 --out_dir {tmp_path / 'o'}")
+    assert meta["prepare"] == (f"python prepare/genome.py --input {common.repo_path(tmp_path / 's.fa.gz')} "
+                               f"--val_chroms 2 --test_chroms chr3 --out_dir {common.repo_path(tmp_path / 'o')}")
     with pytest.raises(common.PrepareError, match=r"not found.*\['9'\]"):
         genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "p"), "--val_chroms", "9"])
     assert not (tmp_path / "p" / "meta.json").exists() and not (tmp_path / "p" / "train.bin").exists()
@@ -145,7 +146,8 @@ def test_full_chr20(tmp_path, chr20_path, chr20):
     assert counts == {"train": 9_717_526, "val": 105_046, "test": 95_046}
     meta = common.load_meta(tmp_path)
     assert meta["tokens"] == counts and common.check_dataset(tmp_path, common.SPLITS) == meta
-    assert meta["prepare"] == f"python prepare/genome.py --input {common.repo_path(chr20_path)} --out_dir {tmp_path}"
+    assert meta["prepare"] == (f"python prepare/genome.py --input {common.repo_path(chr20_path)} "
+                               f"--out_dir {common.repo_path(tmp_path)}")
     assert meta["holdout_regions"] == {"20": {"val": [61_765_010, 62_395_265], "test": [62_395_265, 63_025_520]}}
     assert meta["dropped_bases"] == 3_520_000  # exactly the N bases
     stats = meta["split_stats"]

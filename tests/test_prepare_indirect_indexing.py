@@ -64,7 +64,8 @@ def test_paper_format_every_row(tmp_path):
     assert meta["itos"] == ii.ITOS and meta["dtype"] == "uint16"
     assert meta["n_examples"] == {"train": 3000, "val": 500, "test": 500}
     assert meta["tokens"] == counts
-    assert meta["prepare"] == f"python prepare/indirect_indexing.py --n_train 3000 --n_val 500 --n_test 500 --out_dir {tmp_path}"
+    assert meta["prepare"] == ("python prepare/indirect_indexing.py --n_train 3000 --n_val 500 --n_test 500 "
+                               f"--out_dir {common.repo_path(tmp_path)}")
     assert common.check_dataset(tmp_path, common.SPLITS) == meta
     seen = {}
     for split in common.SPLITS:
@@ -111,10 +112,12 @@ def test_idempotent_and_seeded(tmp_path):
         if n != "meta.json":  # meta.json records the command, with its --out_dir
             assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes(), n
     meta_a, meta_b = common.load_meta(tmp_path / "a"), common.load_meta(tmp_path / "b")
-    assert meta_a["prepare"].replace(str(tmp_path / "a"), str(tmp_path / "b")) == meta_b["prepare"]
+    out_a, out_b = common.repo_path(tmp_path / "a"), common.repo_path(tmp_path / "b")  # as the commands write them
+    assert meta_a["prepare"].replace(out_a, out_b) == meta_b["prepare"]
     assert {**meta_a, "prepare": ""} == {**meta_b, "prepare": ""}
     assert (tmp_path / "a" / "train.bin").read_bytes() != (tmp_path / "c" / "train.bin").read_bytes()
-    assert common.load_meta(tmp_path / "c")["prepare"].endswith(f"--n_test 100 --seed 7 --out_dir {tmp_path / 'c'}")
+    out_c = common.repo_path(tmp_path / "c")
+    assert common.load_meta(tmp_path / "c")["prepare"].endswith(f"--n_test 100 --seed 7 --out_dir {out_c}")
 
 
 def test_paper_sizes(tmp_path):
@@ -130,7 +133,8 @@ def test_quick_variant(tmp_path):
     meta, toks, mask = rows_of(tmp_path, "val")
     assert meta["row_len"] == 23 and meta["string_len"] == [8, 12] and meta["max_shift"] == 3
     assert meta["tokens"] == counts
-    assert meta["prepare"] == f"python prepare/indirect_indexing.py --quick --n_train 1000 --n_val 200 --n_test 200 --out_dir {tmp_path}"
+    assert meta["prepare"] == ("python prepare/indirect_indexing.py --quick --n_train 1000 --n_val 200 --n_test 200 "
+                               f"--out_dir {common.repo_path(tmp_path)}")
     assert ii.rebuild_command(ii.build_parser().parse_args(["--quick"])) == "python prepare/indirect_indexing.py --quick"
     assert counts == {"train": 23_000, "val": 4_600, "test": 4_600}
     shifts = check_rows(toks, mask, 8, 12, 3)

@@ -56,7 +56,8 @@ def test_counts(prepared, music):
     assert meta["scored_tokens"] == {"train": 220_912, "val": 73_632, "test": 75_600}
     assert counts == {"train": 231 * 2048, "val": 79 * 2048, "test": 79 * 2048}
     assert meta["tokens"] == counts and meta["input"] == "Jsb16thSeparated.json"
-    assert meta["prepare"] == f"python prepare/jsb.py --input {common.repo_path(music / 'Jsb16thSeparated.json')} --out_dir {out}"
+    assert meta["prepare"] == (f"python prepare/jsb.py --input {common.repo_path(music / 'Jsb16thSeparated.json')} "
+                               f"--out_dir {common.repo_path(out)}")
     assert common.check_dataset(out, common.SPLITS) == meta
     for split, n in counts.items():
         toks = np.asarray(common.read_bin(out, split))
@@ -92,7 +93,7 @@ def test_npz_and_json_give_identical_bins_and_rerun_is_identical(prepared, music
             assert (out / name).read_bytes() == (tmp_path / "npz" / name).read_bytes(), name
     meta = common.load_meta(tmp_path / "npz")
     assert meta["prepare"] == (f"python prepare/jsb.py --input {common.repo_path(music / 'Jsb16thSeparated.npz')} "
-                               f"--allow_pickle --out_dir {tmp_path / 'npz'}")
+                               f"--allow_pickle --out_dir {common.repo_path(tmp_path / 'npz')}")
     assert {**meta, "prepare": "", "input": ""} == {**common.load_meta(out), "prepare": "", "input": ""}
     # the recorded command, run from the repo root, rebuilds the same bytes in place
     before = {p.name: p.read_bytes() for p in out.iterdir()}
@@ -160,7 +161,7 @@ def test_without_input_the_json_is_downloaded_into_raw_and_kept(prepared, music,
     jsb.main(["--out_dir", str(out)])  # the re-run swaps the set in and keeps the download
     assert fetched == [jsb.URL] * 2 and jsb.URL.endswith("/Jsb16thSeparated.json")
     assert (out / "raw" / "Jsb16thSeparated.json").read_bytes() == (music / "Jsb16thSeparated.json").read_bytes()
-    assert common.load_meta(out)["prepare"] == f"python prepare/jsb.py --out_dir {out}"
+    assert common.load_meta(out)["prepare"] == f"python prepare/jsb.py --out_dir {common.repo_path(out)}"
     for split in common.SPLITS:
         assert (out / f"{split}.bin").read_bytes() == (prepared[0] / f"{split}.bin").read_bytes()
 

@@ -136,7 +136,7 @@ def test_rerun_is_byte_identical(prepared, monkeypatch):
     # the recorded command (without --num_proc, which does not change the output), run from the repo root
     folder, out, counts = prepared
     meta = common.load_meta(out)
-    assert meta["prepare"] == f"python prepare/maestro.py --input {folder} --out_dir {out}"
+    assert meta["prepare"] == f"python prepare/maestro.py --input {common.repo_path(folder)} --out_dir {common.repo_path(out)}"
     assert meta["tokens"] == counts and common.check_dataset(out, common.SPLITS) == meta
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     assert sorted(before) == ["meta.json", "test.bin", "train.bin", "val.bin"]
@@ -146,8 +146,9 @@ def test_rerun_is_byte_identical(prepared, monkeypatch):
     maestro.main(argv[2:] + ["--num_proc", "1"])
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     argv = maestro.build_parser().parse_args(["--input", str(folder), "--transpose", "2", "--num_proc", "4"])
+    # --num_proc left out: the output is the same
     assert common.command_line("maestro", maestro.build_parser(), argv) == \
-        f"python prepare/maestro.py --input {folder} --transpose 2"  # --num_proc left out: the output is the same
+        f"python prepare/maestro.py --input {common.repo_path(folder)} --transpose 2"
 
 
 def test_empty_and_unreadable_input(src, tok, tmp_path):

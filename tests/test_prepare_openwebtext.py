@@ -53,7 +53,8 @@ def test_owt_sample_counts_and_exact_decode(prepared, docs, text_dir):
     assert meta["tokenizer"] == "gpt2" and meta["vocab_size"] == 50257 and meta["dtype"] == "uint16"
     assert meta["documents"] == {"train": 999, "val": 1} and meta["format"] == "openwebtext"
     assert meta["tokens"] == counts
-    assert meta["prepare"] == f"python prepare/openwebtext.py --input {common.repo_path(text_dir / 'owt_sample.jsonl')} --out_dir {out}"
+    assert meta["prepare"] == (f"python prepare/openwebtext.py --input {common.repo_path(text_dir / 'owt_sample.jsonl')} "
+                               f"--out_dir {common.repo_path(out)}")
     assert common.check_dataset(out) == meta
     assert not (out / "test.bin").exists() and not (out / "train_mask.bin").exists()
     enc = owt.get_encoding()
@@ -82,7 +83,8 @@ def test_workers_batches_and_reruns_give_identical_files(prepared, text_dir, doc
     meta = common.load_meta(tmp_path / "a")
     assert meta["documents"] == {"train": 299, "val": 1}
     # --num_proc does not change the output, so the recorded command leaves it out
-    assert meta["prepare"] == f"python prepare/openwebtext.py --input {sl} --out_dir {tmp_path / 'a'}"
+    assert meta["prepare"] == (f"python prepare/openwebtext.py --input {common.repo_path(sl)} "
+                               f"--out_dir {common.repo_path(tmp_path / 'a')}")
     monkeypatch.setattr(owt, "BATCH_DOCS", 7)
     owt.main(["--input", str(sl), "--out_dir", str(tmp_path / "a"), "--num_proc", "2"])
     assert sorted(first) == ["meta.json", "train.bin", "val.bin"]
@@ -108,7 +110,8 @@ def test_txt_input(text_dir, tmp_path):
     owt.main(["--input", str(d), "--out_dir", str(tmp_path / "j"), "--txt_doc_sep", "", "--num_proc", "1"])
     meta = common.load_meta(tmp_path / "j")
     assert meta["source"] == ["a.txt", "c.jsonl", "sub/b.txt"]
-    assert meta["prepare"] == f"python prepare/openwebtext.py --input {d} --txt_doc_sep '' --out_dir {tmp_path / 'j'}"
+    assert meta["prepare"] == (f"python prepare/openwebtext.py --input {common.repo_path(d)} --txt_doc_sep '' "
+                               f"--out_dir {common.repo_path(tmp_path / 'j')}")
     assert meta["documents"] == {"train": 2, "val": 1}
     ids = np.concatenate([common.read_bin(tmp_path / "j", s) for s in ("train", "val")])
     assert sorted(owt.decode(ids).split("<|endoftext|>")[:-1]) == sorted([text[:5000], text[9000:9500], text[5000:9000]])
@@ -125,7 +128,7 @@ def test_several_inputs_and_held_out_val(text_dir, tmp_path):
     assert "val_fraction" not in meta
     rp = lambda name: common.repo_path(eng / name)  # noqa: E731
     assert meta["prepare"] == (f"python prepare/openwebtext.py --input {rp('inaugural.txt')} {rp('webtext.txt')} "
-                               f"--val_input {rp('state_union.txt')} --out_dir {out}")
+                               f"--val_input {rp('state_union.txt')} --out_dir {common.repo_path(out)}")
     assert meta["tokens"] == {"train": len(common.read_bin(out, "train")), "val": len(common.read_bin(out, "val"))}
 
     def docs(name):
