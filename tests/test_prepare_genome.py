@@ -83,7 +83,7 @@ def test_encode_decode_round_trip():
     assert genome.decode(genome.encode("ACGTACGTNNNNacgtRAC")) == "ACGTACGT\nACGT\nAC\n"
 
 
-def test_regions_on_slices_match_reference(tmp_path, records):
+def test_regions_on_slices_match_reference(tmp_path, records, monkeypatch):
     write_fasta(tmp_path / "s.fa.gz", records)
     counts = genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "o")])
     meta = common.load_meta(tmp_path / "o")
@@ -117,6 +117,7 @@ def test_regions_on_slices_match_reference(tmp_path, records):
     for split in common.SPLITS:
         assert (tmp_path / "o" / f"{split}.bin").read_bytes() == (tmp_path / "plain" / f"{split}.bin").read_bytes()
     before = {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir()}
+    monkeypatch.chdir(common.REPO_ROOT)  # (the command's relative paths are the repo root's, as a user runs it)
     genome.main(shlex.split(meta["prepare"])[2:])
     assert {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir()} == before
 
