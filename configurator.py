@@ -146,9 +146,9 @@ def log_file(cfg):
 
 def claim_out_dir(cfg, create=False):
     """One run per out_dir: an flock on out_dir/.lock, held until this process ends
-    (under DDP, rank 0's). A new run never replaces a run's checkpoint unless asked.
-    With create (once every check has passed): makes out_dir first, and a new run's
-    log replaces the old one."""
+    (under DDP, rank 0's). With create (once the settings and the data have passed
+    their checks, so that their errors come first): makes out_dir first, refuses to
+    replace a run's checkpoint unless asked, and a new run's log replaces the old one."""
     if create:
         os.makedirs(cfg["out_dir"], exist_ok=True)
     try:
@@ -156,7 +156,7 @@ def claim_out_dir(cfg, create=False):
     except PrepareError as e:
         sys.exit(f"error: {e}")
     ckpt_path, log = os.path.join(cfg["out_dir"], "ckpt.pt"), log_file(cfg)
-    if cfg["init_from"] != "resume" and not cfg["overwrite"] and os.path.exists(ckpt_path):
+    if create and cfg["init_from"] != "resume" and not cfg["overwrite"] and os.path.exists(ckpt_path):
         old = [p for p in (ckpt_path, log) if os.path.exists(p)]
         one = len(old) == 1
         sys.exit(f"error: {' and '.join(old)} already exist{'s' if one else ''}: continue that run with --init_from="

@@ -359,6 +359,9 @@ def test_a_log_without_a_checkpoint_is_not_a_run_to_protect(data, tmp_path):
     # a checkpoint, alone: "already exists", one file
     os.remove(tmp_path / "o" / "metrics.jsonl")
     refused(run_here(args, tmp_path, check=False), "o/ckpt.pt already exists:", "replaces it")
+    # a missing dataset is said first: the fix of the out_dir would not make the run work
+    p = run_here([a for a in args if not a.startswith("--dataset=")] + ["--dataset=nope"], tmp_path, check=False)
+    assert "no such dataset folder" in refused(p, "nope") and "already exist" not in p.stderr
 
 
 # -----------------------------------------------------------------------------
