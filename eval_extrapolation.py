@@ -50,7 +50,8 @@ def parse_args(argv):
         f"{DEFAULT_MAX_TOKENS}; floored to a multiple of the longest length)")
     add("--bucket_size", type=int, help="positions per bucket of the NLL by position, at every length "
         "(default: the smallest block size)")
-    add("--batch_tokens", type=int, default=16384, help="tokens per forward pass (windows = max(1, this // L))")
+    add("--batch_tokens", type=int, help="tokens per forward pass (windows = max(1, this // L)); default 16384 on "
+        "CUDA, 2048 on the CPU (a pass holds its logits in float32: 16384 x GPT-2's vocabulary is 3.3 GB)")
     add("--batch_size", type=int, help="windows per forward pass (overrides --batch_tokens)")
     add("--json", help="write every number here (NLL, ppl, tokens, YaRN s, peak CUDA memory, position buckets)")
     add("--plot", help="write a PNG here: perplexity against length, and NLL against position in the longest "
@@ -184,7 +185,7 @@ def run_series(s, lengths, args, device, ctx, bucket_size, bar):
         if rope:
             scale = float(args.yarn_scale or max(m["s_ckpt"], L / m["orig_len"])) if s["yarn"] else m["s_ckpt"]
             model.set_rope_scaling(scale, m["orig_len"])  # at every length: series may share the model
-        bs = args.batch_size or max(1, args.batch_tokens // L)
+        bs = args.batch_size or max(1, (args.batch_tokens or (16384 if cuda else 2048)) // L)
         if cuda:  # peak memory above the weights: shows the attention never holds a T x T tensor
             torch.cuda.reset_peak_memory_stats()
             mem0 = torch.cuda.memory_allocated()
