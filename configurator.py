@@ -49,9 +49,9 @@ def configure(argv, defaults, doc=""):
 
     def set_key(key, val, where):
         if key not in cfg:
-            close = difflib.get_close_matches(key, cfg, n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            sys.exit(f"error: unknown config key '{key}' ({where}).{hint}\nvalid keys: {', '.join(sorted(cfg))}")
+            close = difflib.get_close_matches(key, cfg, n=3, cutoff=0.8) or difflib.get_close_matches(key, cfg, n=3)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            sys.exit(f"error: unknown config key '{key}' ({where}); {hint}python train.py --help lists the keys")
         want = type(defaults[key])
         if want is float and type(val) is int:
             val = float(val)

@@ -169,6 +169,7 @@ def test_ddp_matches_single_process(data_root, tmp_path):
 def test_configurator_errors(tmp_path):
     p = run_here([TRAIN, "--lerning_rate=1e-3"], tmp_path, check=False)
     assert p.returncode != 0 and "unknown config key 'lerning_rate'" in p.stderr and "learning_rate" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "min_lr" not in p.stderr  # one line; close matches only
     p = run_here([TRAIN, "--max_iters=ten"], tmp_path, check=False)
     assert p.returncode != 0 and "'max_iters'" in p.stderr and "must be int" in p.stderr
     cfgfile = tmp_path / "bad.py"
