@@ -7,7 +7,7 @@ Usage:
     python eval_downstream.py --ckpt PATH [PATH ...] [--tasks lambada,blimp,cbt,hellaswag,piqa,arc_easy]
         [--data_dir DIR] [--limit N] [--batch_size N] [--device auto|cpu|cuda|cuda:N]
         [--json out.json] [--trust_remote_code]
-    e.g. python eval_downstream.py --ckpt out-pope/ckpt.pt out-rope/ckpt.pt --data_dir ../shared/data/evals
+    e.g. python eval_downstream.py --ckpt out-pope/ckpt.pt out-rope/ckpt.pt --data_dir $POPE_SHARED_DATA/evals
 
 The tasks are the harness's own (prompts, metrics, BLiMP's 67-paradigm mean):
 lambada_openai, blimp, hellaswag, piqa, arc_easy, plus ours for CBT, which the
@@ -190,7 +190,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", nargs="+", required=True, help="train.py checkpoint(s), one table row each")
     p.add_argument("--tasks", default="all", help=f"comma-separated subset of {','.join(TASKS)}, or all (default)")
-    p.add_argument("--data_dir", help="local copies of the data, e.g. ../shared/data/evals (offline)")
+    p.add_argument("--data_dir", help="local copies of the data, e.g. $POPE_SHARED_DATA/evals (offline)")
     p.add_argument("--limit", type=int, help="the harness's limit: first N documents per task (per BLiMP paradigm)")
     p.add_argument("--batch_size", type=int, help="sequences per forward pass (default 32 on CUDA, 8 on CPU)")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")

@@ -6,7 +6,7 @@
 # tokens per step (128k tokens), AdamW 3e-4 -> 3e-5 cosine over 20k
 # iterations (~2.6B tokens, ~5 passes over hg38) with 2k warmup, beta2 0.95,
 # weight decay 0.1, no dropout.
-# Data:  python prepare/genome.py --input hg38.fa.gz      (or ../shared/data/genome/chr20.fa.gz)
+# Data:  python prepare/genome.py --input hg38.fa.gz      (or $POPE_SHARED_DATA/genome/chr20.fa.gz)
 # Usage: python train.py config/genome.py                      (PoPE)
 #        python train.py config/genome.py --pos_emb=rope --out_dir=out-genome-rope   (the RoPE baseline: the same config)
 #        torchrun --standalone --nproc_per_node=8 train.py config/genome.py

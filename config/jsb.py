@@ -8,7 +8,7 @@
 # chosen on val (RESULTS.md, section 2), is 0.04-0.05 nats lower on val and test.
 # Metric: test NLL per token (the paper's), over the chorale tokens only (the
 # loss mask drops the <s>/padding), on the whole test split.
-# Data:  python prepare/jsb.py --input ../shared/data/music/Jsb16thSeparated.json
+# Data:  python prepare/jsb.py --input $POPE_SHARED_DATA/music/Jsb16thSeparated.json
 # Usage: python train.py config/jsb.py                      (PoPE)
 #        python train.py config/jsb.py --pos_emb=rope --out_dir=out-jsb-rope   (the RoPE baseline: the same config)
 # Test NLL of the checkpoint:

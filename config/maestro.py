@@ -5,7 +5,7 @@
 # The paper does not give these, so they are ours: 16 x 2048 tokens per step,
 # AdamW 3e-4 -> 3e-5 cosine with 1k warmup, beta2 0.99, weight decay 0.1,
 # dropout 0.1.
-# Data:  pip install miditok && python prepare/maestro.py --input ../shared/data/music/maestro
+# Data:  pip install miditok && python prepare/maestro.py --input $POPE_SHARED_DATA/music/maestro
 # Usage: python train.py config/maestro.py                      (PoPE)
 #        python train.py config/maestro.py --pos_emb=rope --out_dir=out-maestro-rope   (the RoPE baseline: the same config)
 # Test NLL of the checkpoint:

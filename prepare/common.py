@@ -524,9 +524,9 @@ def command_line(script, parser, args, defaults=None, skip=("num_proc",), paths=
     return shlex.join(parts)
 
 
-_ENGLISH = ("python prepare/openwebtext.py --out_dir data/english --input ../shared/data/text/owt_sample.jsonl "
-            "../shared/data/text/english/{abc,brown,inaugural,movie_reviews,tinyshakespeare,webtext}.txt "
-            "--val_input ../shared/data/text/english/state_union.txt")
+_ENGLISH = ("python prepare/openwebtext.py --out_dir data/english --input $POPE_SHARED_DATA/text/owt_sample.jsonl "
+            "$POPE_SHARED_DATA/text/english/{abc,brown,inaugural,movie_reviews,tinyshakespeare,webtext}.txt "
+            "--val_input $POPE_SHARED_DATA/text/english/state_union.txt")
 PREPARE_COMMANDS = {
     "openwebtext": "python prepare/openwebtext.py",
     "indirect_indexing": "python prepare/indirect_indexing.py",

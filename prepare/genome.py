@@ -1,7 +1,7 @@
 """Human reference genome as Nucleotide-Transformer-style 6-mer tokens.
 
 Usage:
-    python prepare/genome.py --input ../shared/data/genome/chr20.fa.gz     # GRCh37 chr20 sample
+    python prepare/genome.py --input $POPE_SHARED_DATA/genome/chr20.fa.gz     # GRCh37 chr20 sample
     python prepare/genome.py --input hg38.fa.gz --val_chroms 21 --test_chroms 22
     python prepare/genome.py --input hg38.fa.gz --chroms $(seq -s, 1 22),X --val_chroms 21 --test_chroms 22
     python prepare/genome.py                  # downloads hg38.fa.gz from UCSC (~940 MB, needs network)
@@ -32,7 +32,7 @@ given, held-out regions: of every other record, the last --holdout_frac
 (default 1%) of its coordinates goes to test and the --holdout_frac before
 that to val, the rest to train. meta.json records each region (0-based,
 half open) and the bases dropped. Contigs never span a split boundary.
-Context for the paper's model: 1000 tokens (config/genome_*.py).
+Context for the paper's model: 1000 tokens (config/genome.py).
 """
 
 import gzip

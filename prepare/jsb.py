@@ -1,8 +1,8 @@
 """JSB Chorales (16th-note grid, 4 voices) for next-token modelling.
 
 Usage:
-    python prepare/jsb.py --input ../shared/data/music/Jsb16thSeparated.json
-    python prepare/jsb.py --input ../shared/data/music          # a folder holding the .json
+    python prepare/jsb.py --input $POPE_SHARED_DATA/music/Jsb16thSeparated.json
+    python prepare/jsb.py --input $POPE_SHARED_DATA/music          # a folder holding the .json
     python prepare/jsb.py                                       # downloads the .json (needs network)
     python prepare/jsb.py --input Jsb16thSeparated.npz --allow_pickle   # the pickled .npz: trusted files only
 

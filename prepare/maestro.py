@@ -1,7 +1,7 @@
 """MAESTRO piano performances as REMI tokens (miditok).
 
 Usage:
-    python prepare/maestro.py --input ../shared/data/music/maestro        # v2.0.0 sample (973 files)
+    python prepare/maestro.py --input $POPE_SHARED_DATA/music/maestro        # v2.0.0 sample (973 files)
     python prepare/maestro.py --input maestro-v3.0.0/                     # full v3 (unzipped midi zip)
     python prepare/maestro.py             # downloads the v3.0.0 MIDI zip (~57 MB, needs network)
 

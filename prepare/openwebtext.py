@@ -1,8 +1,8 @@
 """OpenWebText (or any English text) as GPT-2 BPE tokens, nanoGPT style.
 
 Usage:
-    python prepare/openwebtext.py --input ../shared/data/text/owt_sample.jsonl
-    python prepare/openwebtext.py --input ../shared/data/text/english --out_dir data/english
+    python prepare/openwebtext.py --input $POPE_SHARED_DATA/text/owt_sample.jsonl
+    python prepare/openwebtext.py --input $POPE_SHARED_DATA/text/english --out_dir data/english
     python prepare/openwebtext.py          # HF dataset Skylion007/openwebtext (needs `datasets` + network)
     python prepare/openwebtext.py --input A.jsonl B.txt --val_input C.txt --out_dir data/mine
 
@@ -10,7 +10,7 @@ Source: the HF dataset "Skylion007/openwebtext" (the one nanoGPT loads as
 "openwebtext"), 8,013,769 documents. Offline, pass a local copy with --input:
   - .jsonl / .json files with one {"text": ...} object per line (--text_field),
   - .txt files, cut into documents at --txt_doc_sep (default "\\n\\n\\n",
-    two blank lines, the separator of ../shared/data/text/english; pass ""
+    two blank lines, the separator of $POPE_SHARED_DATA/text/english; pass ""
     for one document per file),
   - or a folder: every .jsonl/.json/.txt file under it, in sorted path order.
 
@@ -139,7 +139,7 @@ def hf_documents():
     import importlib.util
     hint = (f"Offline: download the OpenWebText documents (HF dataset {HF_ID}) as .jsonl with a 'text' field, "
             "or use any .txt/.jsonl text, and pass it with --input FILE_OR_DIR "
-            "(e.g. --input ../shared/data/text/owt_sample.jsonl).")
+            "(e.g. --input $POPE_SHARED_DATA/text/owt_sample.jsonl).")
     if importlib.util.find_spec("datasets") is None:
         raise common.PrepareError(f"loading {HF_ID} needs the Python package 'datasets' (pip install datasets). {hint}")
     os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")

@@ -143,7 +143,7 @@ def test_help_says_why_allow_pickle_is_dangerous():
                        timeout=120)
     text = " ".join(r.stdout.split())
     assert "--allow_pickle" in text and "unpickling" in text and "trust" in text
-    assert "python prepare/jsb.py --input ../shared/data/music/Jsb16thSeparated.json" in text
+    assert "python prepare/jsb.py --input $POPE_SHARED_DATA/music/Jsb16thSeparated.json" in text
 
 
 def test_without_input_the_json_is_downloaded_into_raw_and_kept(prepared, music, tmp_path, monkeypatch):

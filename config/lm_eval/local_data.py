@@ -7,7 +7,7 @@ with the fields of the task's Hugging Face dataset, so the harness's prompts
 (doc_to_text, doc_to_choice, process_docs) and metrics apply unchanged. With
 metadata limit=N only the first N rows are kept: the ones the harness's --limit
 takes anyway (these tasks neither shuffle nor filter), without converting the rest.
-File formats: ../shared/data/README.md; a missing file raises "no data: ..."."""
+File formats: $POPE_SHARED_DATA/README.md; a missing file raises "no data: ..."."""
 import json
 import os
 import re
