@@ -327,7 +327,9 @@ def main(argv):
     if master:
         print(f"tokens per iteration: {tokens_per_iter:,} "
               f"({accum} accum x {world} procs x {cfg['batch_size']} x {data.T})")
-        print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, pos_emb={margs['pos_emb']}")
+        print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, pos_emb={margs['pos_emb']}" + (
+            "; on the CPU a model this size takes seconds or more per iteration (the CPU demo: "
+            "config/indirect_indexing_quick.py)" if device_type == "cpu" and model.get_num_params() > 50e6 else ""))
         print(f"attention: {model.attention_path(dev)}")
     scaler = torch.amp.GradScaler(device_type, enabled=(dt == "float16"))
     optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"],

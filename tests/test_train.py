@@ -166,6 +166,17 @@ def test_ddp_matches_single_process(data_root, tmp_path):
         assert abs(part[it] - two[it]) <= 1e-6 * abs(two[it]), (it, part[it], two[it])
 
 
+def test_a_large_model_on_the_cpu_is_told_where_the_cpu_demo_is(data_root, tmp_path):
+    """Over 50M parameters on the CPU, the model line says iterations will be slow and names the CPU demo
+    config; a small model's line does not."""
+    base = [TRAIN, f"--data_dir={data_root}", "--dataset=toy", "--max_iters=0", "--eval_iters=1", "--device=cpu",
+            "--batch_size=1", "--block_size=8"]
+    big = run(base + ["--out_dir=big", "--n_layer=8", "--n_head=8", "--n_embd=768"], tmp_path).stdout  # 56.6M
+    small = run(base + ["--out_dir=small", "--n_layer=7", "--n_head=8", "--n_embd=768"], tmp_path).stdout  # 49.5M
+    assert "M parameters" in big and "the CPU demo: config/indirect_indexing_quick.py" in big, big
+    assert "M parameters" in small and "CPU demo" not in small, small
+
+
 def test_configurator_errors(tmp_path):
     p = run_here([TRAIN, "--lerning_rate=1e-3"], tmp_path, check=False)
     assert p.returncode != 0 and "unknown config key 'lerning_rate'" in p.stderr and "learning_rate" in p.stderr
