@@ -239,13 +239,17 @@ def load_weights(model, ckpt, source, dataset):
 
 def check_resume_data(cfg, ckpt, data, master):
     """A resume goes on with the data its checkpoint was trained on (Data.identity:
-    meta.json and every file's size), or, with --data_changed_ok=True, with other data."""
+    meta.json and every file's size), or, with --data_changed_ok=True, with other data.
+    A resume that has no step left to train says so (it only evaluates once more)."""
     changed = data_changes(ckpt["data"], data.identity) if cfg["init_from"] == "resume" and "data" in ckpt else []
     if changed and not cfg["data_changed_ok"]:
         sys.exit(f"error: {data.dir} is not the data {os.path.join(cfg['out_dir'], 'ckpt.pt')} was trained on "
                  f"({'; '.join(changed)}); restore that data, or pass --data_changed_ok=True to go on with this data")
     if changed and master:
         print(f"note: going on with changed data ({'; '.join(changed)}), as --data_changed_ok=True asks")
+    if cfg["init_from"] == "resume" and not cfg["eval_only"] and ckpt["iter_num"] >= cfg["max_iters"] and master:
+        print(f"note: the run is at step {ckpt['iter_num']}, max_iters={cfg['max_iters']}: nothing left to train, one "
+              "more eval only; raise --max_iters (and --lr_decay_iters) to train on")
 
 
 def rng_states(world):

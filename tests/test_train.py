@@ -80,6 +80,11 @@ def test_resume_reproduces_uninterrupted_run(data_root, tmp_path):
     for it in range(8):
         assert full[it] == part[it], (it, full[it], part[it])  # bitwise on CPU
     assert full[7] < full[0] - 0.3  # it learns
+    # a resume with no step left says so (and that only an eval runs); one with steps left does not
+    p = run_here(common + ["--max_iters=8", "--out_dir=full", "--init_from=resume"], tmp_path)
+    assert "note: the run is at step 8, max_iters=8: nothing left to train" in p.stdout and losses(tmp_path / "full") == full
+    assert "nothing left to train" not in run_here(common + ["--max_iters=9", "--out_dir=part", "--init_from=resume"],
+                                                   tmp_path).stdout
     # sample.py runs on the checkpoint and decodes with the dataset's itos
     p = run_here([SAMPLE, "--out_dir=full", "--start=abc", "--num_samples=2",
                   "--max_new_tokens=10", "--device=cpu"], tmp_path)
