@@ -271,12 +271,13 @@ def host(B=8, H=12, T=1024, D=64, n=50):
     print(f"# {sum(e.count for e in p.key_averages()) / 10:.0f} kernels per step (the prefill's included)", flush=True)
 
 
-def decode_sweep(warps=(4, 8), programs=(512, 1024, 2048), tiles=(4096, 8192, 16384)):
+def decode_sweep(warps=(4, 8), programs=(12, 96, 512, 1024, 2048), tiles=(4096, 8192, 16384)):
     """pope_kernel.decode_attention's launch constants (_DECODE_WARPS, _DECODE_PROGRAMS, _DECODE_TILE)
     against its time: 12 calls over 12 caches (the layers of a 124M step: the caches do not fit in L2
     together) replayed as one CUDA graph, at the last slot of the cache, per call; GB/s counts the keys
     and values read. Raw q and k (turned in the kernel) over PoPE's 128-wide Cartesian keys ("pope"),
-    PoPE's 64-wide magnitudes alone ("pope-mu": the phases made in the kernel) and RoPE's 64-wide keys."""
+    PoPE's 64-wide magnitudes alone ("pope-mu": the phases made in the kernel) and RoPE's 64-wide keys. A budget
+    of 12 programs is one chunk at batch 1 (12 heads): one launch, no reduce."""
     header("decode_attention launch sweep: us per call (12 caches in a CUDA graph), GB/s of cache read")
     saved = pk._DECODE_WARPS, pk._DECODE_PROGRAMS, pk._DECODE_TILE
     print(f"{'turn':7s} {'B':>2s} {'N':>5s} {'warps':>5s} {'programs':>8s} {'tile':>6s} {'splits':>6s} "
@@ -674,7 +675,8 @@ def aot_report(cases, all_configs=True, capability=90):
 
 def aot_decode_report(B=1, H=12, N=8192, D=64, capability=90):
     """Compile the decoding kernels as KVCache's one-token step launches them (bf16, the 124M model's
-    heads): ready 2D-wide keys, PoPE's Cartesian turn, PoPE's magnitudes alone, RoPE's turn."""
+    heads): ready 2D-wide keys, PoPE's Cartesian turn, PoPE's magnitudes alone, RoPE's turn; and one chunk
+    (a 64-slot cache: the split kernel writes the output, no reduce)."""
     import triton
     target = triton.backends.compiler.GPUTarget("cuda", capability, 64)
     rows, saved = [], (pk._decode_split_kernel, pk._decode_reduce_kernel)
@@ -693,12 +695,13 @@ def aot_decode_report(B=1, H=12, N=8192, D=64, capability=90):
     pk._decode_split_kernel, pk._decode_reduce_kernel = Record(saved[0]), Record(saved[1])
     theta, delta, inv = model_lib.pope_frequencies(D), torch.zeros(H, D), model_lib.yarn_inv_freq(D, 1e4, 1.0, N)[0]
     try:
-        for case, Dk, kw in (("ready keys, 2D wide", 2 * D, {}), ("pope, Cartesian keys", 2 * D, dict(theta=theta,
-                             delta=delta)), ("pope, magnitudes", D, dict(theta=theta, delta=delta)),
-                             ("rope", D, dict(inv_freq=inv))):
+        for case, Dk, kw, n in (("ready keys, 2D wide", 2 * D, {}, N), ("pope, Cartesian keys", 2 * D, dict(
+                theta=theta, delta=delta), N), ("pope, magnitudes", D, dict(theta=theta, delta=delta), N),
+                ("rope", D, dict(inv_freq=inv), N), ("pope, magnitudes, one chunk", D, dict(theta=theta, delta=delta),
+                                                     64)):
             q = torch.zeros(B, H, 1, Dk if not kw else D, dtype=torch.bfloat16)
-            kc, vc = torch.zeros(B, H, N, Dk, dtype=torch.bfloat16), torch.zeros(B, H, N, D, dtype=torch.bfloat16)
-            pk.decode_attention(q, q, q[..., :D], kc, vc, torch.tensor([N - 1]), D ** -0.5, **kw)
+            kc, vc = torch.zeros(B, H, n, Dk, dtype=torch.bfloat16), torch.zeros(B, H, n, D, dtype=torch.bfloat16)
+            pk.decode_attention(q, q, q[..., :D], kc, vc, torch.tensor([n - 1]), D ** -0.5, **kw)
     finally:
         pk._decode_split_kernel, pk._decode_reduce_kernel = saved
     return rows

@@ -827,7 +827,8 @@ def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offse
 # rotated D-wide ones: any power-of-two width), split over the key axis as flash-decoding does:
 # at batch 1 there are only H (batch, head) pairs, too few to keep a GPU's memory system busy, so
 # each pair's keys 0..pos are cut into `splits` chunks, one program each, which write a partial
-# (max, sum, accumulator); a second kernel merges them. The position is read from a device tensor,
+# (max, sum, accumulator); a second kernel merges them (one chunk: its program writes the output, and
+# the step is one launch). The position is read from a device tensor,
 # and the chunks are cut from it on the device, so a CUDA graph replays the step at every position
 # without a host sync, and slots past pos are never read. The split program that holds slot pos
 # also writes the new key and value there (no index_copy_ launches); it attends to the new key
@@ -878,14 +879,16 @@ def _decode_turn(X, sxd, pos, FREQ, DELTA, TURN: tl.constexpr, KEY_DIM: tl.const
 
 
 @triton.jit
-def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART, FREQ, DELTA,
+def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART, O, FREQ, DELTA,
                          sqb, sqh, sqd, sknb, sknh, sknd, svnb, svnh, svnd,
-                         skb, skh, skt, skd, svb, svh, svt, svd, sdh,
+                         skb, skh, skt, skd, svb, svh, svt, svd, sob, soh, sod, sdh,
                          H, N, SPLITS, qk_scale,
-                         KEY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TURN: tl.constexpr):
+                         KEY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TURN: tl.constexpr,
+                         FINAL: tl.constexpr):
     """Program (split, bh): chunk `split` of (batch, head) bh's keys 0..pos -> PART[bh, split] = (acc, max, sum),
     the max and sum of exp2(scores - max) in log2 units (qk_scale holds sm_scale * log2(e)). TURN: _decode_turn's
-    (FREQ and DELTA (H, HEAD_DIM), row stride sdh, are read only for the TURN that needs them)."""
+    (FREQ and DELTA (H, HEAD_DIM), row stride sdh, are read only for the TURN that needs them). FINAL (one chunk,
+    SPLITS = 1): the program writes O[b, h, 0] = acc / sum itself, what the reduce would, and no reduce runs."""
     split = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -894,9 +897,9 @@ def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART, FREQ, DELTA,
     per = tl.cdiv(tl.cdiv(pos + 1, BLOCK_N), SPLITS) * BLOCK_N  # keys per chunk, whole blocks
     lo = split * per
     hi = tl.minimum(lo + per, pos + 1)
+    offs_d = tl.arange(0, HEAD_DIM)
     if (lo < hi) & (pos < N):  # chunks past pos do nothing (the reduce skips them); pos >= N: nothing at all
         offs_k = tl.arange(0, KEY_DIM)
-        offs_d = tl.arange(0, HEAD_DIM)
         q = _decode_turn(Q + b * sqb + h * sqh, sqd, pos, FREQ, None, TURN, KEY_DIM, HEAD_DIM) * qk_scale
         if TURN == 3:  # the score of key s: sum_c mu_q,c mu_k,sc cos((s - pos) theta_c + delta_c)
             theta = tl.load(FREQ + offs_k)
@@ -940,10 +943,16 @@ def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART, FREQ, DELTA,
             acc = acc * alpha + p * vn.to(tl.float32)
             l = l * alpha + p
             m = m_new
-        part = PART + (bh * SPLITS + split) * (HEAD_DIM + 2)
-        tl.store(part + offs_d, acc)
-        tl.store(part + HEAD_DIM, m)
-        tl.store(part + HEAD_DIM + 1, l)
+        if FINAL:
+            tl.store(O + b * sob + h * soh + offs_d * sod, _cast(acc / l, O.dtype.element_ty))
+        else:
+            part = PART + (bh * SPLITS + split) * (HEAD_DIM + 2)
+            tl.store(part + offs_d, acc)
+            tl.store(part + HEAD_DIM, m)
+            tl.store(part + HEAD_DIM + 1, l)
+    if FINAL:
+        if pos >= N:  # (as the reduce: a NaN output, nothing written)
+            tl.store(O + b * sob + h * soh + offs_d * sod, tl.full([HEAD_DIM], float("nan"), O.dtype.element_ty))
 
 
 @triton.jit
@@ -1048,18 +1057,20 @@ def _decode(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, turn, splits,
     D = v_cache.size(-1)
     with _on_device(k_cache):
         out = _empty((B, H, 1, D), v_cache)
-        part = _empty((B * H, splits, D + 2), v_cache, torch.float32)  # (in a CUDA graph: its pool's, once)
+        # one chunk: its program writes the output, no partials, no reduce (a launch fewer per layer)
+        part = out if splits == 1 else _empty((B * H, splits, D + 2), v_cache, torch.float32)  # (graph: its pool's)
         # (ready keys: the caches stand in for the pointers the kernel does not read)
         freq = k_cache if freq is None else freq
         delta = k_cache if delta is None else delta
         _decode_split_kernel[(splits, B * H)](
-            q, k, v, k_cache, v_cache, pos, part, freq, delta, q.stride(0), q.stride(1), q.stride(3),
+            q, k, v, k_cache, v_cache, pos, part, out, freq, delta, q.stride(0), q.stride(1), q.stride(3),
             k.stride(0), k.stride(1), k.stride(3), v.stride(0), v.stride(1), v.stride(3),
-            *k_cache.stride(), *v_cache.stride(), delta.stride(0), H, N, splits, sm_scale * 1.4426950408889634,
-            KEY_DIM=Dk, HEAD_DIM=D, BLOCK_N=block_n, TURN=turn, num_warps=_DECODE_WARPS)
-        _decode_reduce_kernel[(B * H,)](part, out, pos, out.stride(0), out.stride(1), out.stride(3), H, N, splits,
-                                        HEAD_DIM=D, BLOCK_N=block_n, SPLITS_POW2=_bucket(splits),
-                                        num_warps=4)
+            *k_cache.stride(), *v_cache.stride(), out.stride(0), out.stride(1), out.stride(3), delta.stride(0),
+            H, N, splits, sm_scale * 1.4426950408889634,
+            KEY_DIM=Dk, HEAD_DIM=D, BLOCK_N=block_n, TURN=turn, FINAL=splits == 1, num_warps=_DECODE_WARPS)
+        if splits > 1:
+            _decode_reduce_kernel[(B * H,)](part, out, pos, out.stride(0), out.stride(1), out.stride(3), H, N, splits,
+                                            HEAD_DIM=D, BLOCK_N=block_n, SPLITS_POW2=_bucket(splits), num_warps=4)
     return out
 
 

@@ -541,12 +541,21 @@ def test_decoding_kernel_against_float64(D, wide, dtype, seed):
 
 
 @interpreted
-@pytest.mark.parametrize("splits", [3, 5])
-def test_decoding_kernel_at_chunk_boundaries(splits):
+@pytest.mark.parametrize("splits", [1, 3, 5])
+def test_decoding_kernel_at_chunk_boundaries(splits, monkeypatch):
     """Every position where a block or a chunk starts or ends: pos a multiple of the chunk length
-    (the last chunk holds the new key alone), pos + 1 one, 1 block per chunk, then 2, then 3."""
-    check_decode(2, 1, 100, 32, 64, torch.float32, 33 + splits,
-                 [1, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 79, 80, 95, 96, 99], splits=splits, block_n=16)
+    (the last chunk holds the new key alone), pos + 1 one, 1 block per chunk, then 2, then 3. One
+    chunk (splits 1): its program writes the output, and no reduce runs."""
+    reduces, real = [], pk._decode_reduce_kernel
+
+    class Counted:
+        def __getitem__(self, grid):
+            reduces.append(grid)
+            return real[grid]
+    monkeypatch.setattr(pk, "_decode_reduce_kernel", Counted())
+    positions = [1, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 79, 80, 95, 96, 99]
+    check_decode(2, 1, 100, 32, 64, torch.float32, 33 + splits, positions, splits=splits, block_n=16)
+    assert len(reduces) == (0 if splits == 1 else len(positions)), reduces
 
 
 @interpreted
@@ -838,13 +847,14 @@ def step_launches(pos_emb, attn_impl, n_layer):
 @interpreted
 def test_a_cached_step_on_the_kernel_launches_what_a_nope_step_does():
     """On the decoding kernel, a PoPE or RoPE one-token step launches per layer exactly what a NoPE step
-    does (the kernel turns q and k: no stack, softplus, cat, cos or sin, per layer or per step), two
-    Triton kernels a layer. On the PyTorch path those ops are there (the counter sees them)."""
+    does (the kernel turns q and k: no stack, softplus, cat, cos or sin, per layer or per step): one
+    Triton kernel a layer (a 16-slot cache is one chunk: no reduce). On the PyTorch path those ops are
+    there (the counter sees them)."""
     def per_layer(pos_emb, impl):
         one, three = step_launches(pos_emb, impl, 1), step_launches(pos_emb, impl, 3)
         return {op: (three.get(op, 0) - one.get(op, 0)) / 2 for op in set(one) | set(three)}, three
     nope, _ = per_layer("none", "triton")
-    assert nope["triton._decode_split_kernel"] == nope["triton._decode_reduce_kernel"] == 1, nope
+    assert nope["triton._decode_split_kernel"] == 1 and "triton._decode_reduce_kernel" not in nope, nope
     turning = ("stack", "softplus", "cat", "cos", "sin", "neg", "_to_copy")
     for pos_emb in ("pope", "rope"):
         layer, step = per_layer(pos_emb, "triton")
