@@ -16,6 +16,16 @@ import torch
 from prepare import common  # (conftest.py put the repo root on sys.path)
 
 
+@torch.no_grad()
+def large_weights_(model, std=0.3):
+    """The model's matrices (not PoPE's delta) drawn from N(0, std), larger than GPT-2's init (0.02), so that a
+    tiny random model's greedy tokens depend on the whole context and a decoding bug changes them."""
+    for name, p in model.named_parameters():
+        if p.dim() == 2 and not name.endswith("delta"):
+            p.normal_(0.0, std)
+    return model
+
+
 def rel_err(a, b):
     """||a - b|| / ||b||, in float64; NaN anywhere gives NaN, which no `< bound` passes."""
     return ((a.double() - b.double()).norm() / b.double().norm()).item()

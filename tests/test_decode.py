@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import rel_err, run_here
+from helpers import large_weights_, rel_err, run_here
 
 import model as model_lib
 from model import GPT, GPTConfig, KVCache, pope_cartesian, pope_cos_sin, pope_delta, pope_frequencies, sample_next
@@ -21,12 +21,7 @@ def tiny(pos_emb, block_size=16, **kw):
     cfg = dict(n_layer=2, n_head=2, n_embd=32, block_size=block_size, vocab_size=37, pos_emb=pos_emb,
                pope_delta_init="uniform", attn_impl="torch")  # uniform: delta far from 0
     cfg.update(kw)
-    model = GPT(GPTConfig(**cfg)).double().eval()
-    with torch.no_grad():  # weights larger than GPT-2's init: greedy tokens then depend on the whole context
-        for name, p in model.named_parameters():
-            if p.dim() == 2 and not name.endswith("delta"):
-                p.normal_(0.0, 0.3)
-    return model
+    return large_weights_(GPT(GPTConfig(**cfg)).double().eval())
 
 
 @torch.no_grad()

@@ -37,7 +37,7 @@ import tempfile
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import rel_err
+from helpers import large_weights_, rel_err
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -740,11 +740,7 @@ def tiny_float(pos_emb, attn_impl, D=32):
     torch.manual_seed(42)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=2 * D, block_size=24, vocab_size=50, pos_emb=pos_emb,
                           pope_delta_init="uniform", attn_impl=attn_impl)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2 and not name.endswith("delta"):
-                p.normal_(0.0, 0.3)
-    return model
+    return large_weights_(model)
 
 
 @interpreted
