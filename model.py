@@ -221,7 +221,7 @@ class KVCache:
                 self.rotation = list(zip(*(r.to(self.dtype) for r in rope_cos_sin(self.inv_freq, self.positions))))
 
     def attend(self, layer, q, k, v, scale):  # turns raw q and k, writes k and v, attends over the slots up to each
-        if q.size(2) == 1 and self.kernel:  # one token: 2 kernels, which turn q and k, write k and v, read slots 0..pos
+        if q.size(2) == 1 and self.kernel:  # one token: 1-2 kernels, which turn q and k, write k and v, read slots 0..pos
             return pope_kernel.decode_attention(q, k, v, self.k[layer], self.v[layer], self.positions, scale, **self.turn[layer])
         if self.pos_emb != "none" and not self.mu:  # q and k stacked: one set of kernels turns both (pope_attention_torch's)
             rot, qk = self.rotation[layer], torch.stack([q, k])

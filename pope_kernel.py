@@ -19,10 +19,10 @@ key j is visible to query i iff j <= q_offset+i. sm_scale defaults to
 fp16 or fp32; head dim 32, 64 or 128. Anything else raises PopeKernelUnsupported.
 
 For model.KVCache's one-token steps, attention of one query per (batch, head)
-over a static cache of ready keys (PoPE's Cartesian, RoPE's rotated: any
-power-of-two key width), the new key and value written at a position read on
-the device; q and k come in ready, or raw with what turns them (PoPE: theta and
-the layer's bounded delta; RoPE: the layer's inv_freq), turned in the kernel:
+over a static cache (ready keys of any power-of-two width, or PoPE's magnitudes
+mu_k alone, whose phases the kernel makes), the new key and value written at a
+position read on the device; q and k come in ready, or raw with what turns them
+(PoPE: theta and the layer's bounded delta; RoPE: the layer's inv_freq):
     decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, delta=None, inv_freq=None)
     decode_unsupported_reason(k_cache, v_cache) -> None or why not
     decode_launch(k_cache) -> dict(splits=, block_n=): the launch it picks
@@ -824,7 +824,8 @@ def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offse
 # decoding: one query per (batch, head) against a static KV cache (model.KVCache's one-token step)
 #
 # Plain softmax attention over keys that are ready to use (PoPE's Cartesian 2D-wide keys, RoPE's
-# rotated D-wide ones: any power-of-two width), split over the key axis as flash-decoding does:
+# rotated D-wide ones: any power-of-two width) or over PoPE's magnitudes (the phase of each key made
+# as it is read: _POPE_MU, KVCache's layout), split over the key axis as flash-decoding does:
 # at batch 1 there are only H (batch, head) pairs, too few to keep a GPU's memory system busy, so
 # each pair's keys 0..pos are cut into `splits` chunks, one program each, which write a partial
 # (max, sum, accumulator); a second kernel merges them (one chunk: its program writes the output, and
@@ -833,8 +834,8 @@ def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offse
 # without a host sync, and slots past pos are never read. The split program that holds slot pos
 # also writes the new key and value there (no index_copy_ launches); it attends to the new key
 # from registers and no program reads slot pos from memory, so the write cannot race a read.
-# Given raw q and k, every program turns them itself (_decode_turn: PoPE's Cartesian form or RoPE's
-# rotation at pos, with the helpers above, so there is one copy of PoPE's math in this file): a few
+# Given raw q and k, every program turns them itself (_decode_turn: PoPE's Cartesian form or magnitudes,
+# RoPE's rotation at pos, with the helpers above, so there is one copy of PoPE's math in this file): a few
 # hundred flops per program against the kernels per layer that model.py's PyTorch path launches
 # before the attention (a stack of q and k, then PoPE's casts, softplus and product, or RoPE's cat,
 # products and sum), and KVCache.start's cos and sin per step.
@@ -990,7 +991,7 @@ def decode_unsupported_reason(k_cache, v_cache):
     dev = k_cache.device
     if v_cache.device != dev or dev.type not in ("cpu", "cuda") or dev.type == "cpu" and not _INTERPRET:
         return f"got {dev.type} / {v_cache.device.type} tensors; {supported}"
-    if k_cache.dtype not in (torch.bfloat16, torch.float16, torch.float32) or v_cache.dtype != k_cache.dtype:
+    if k_cache.dtype not in _DTYPES or v_cache.dtype != k_cache.dtype:
         return f"got {k_cache.dtype} / {v_cache.dtype}; {supported}"
     D, Dk = v_cache.size(-1), k_cache.size(-1)
     if not (_pow2(D) and _pow2(Dk) and 16 <= D <= 256 and Dk <= 512):
