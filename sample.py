@@ -40,6 +40,7 @@ from contextlib import nullcontext  # noqa: E402
 import torch  # noqa: E402
 
 from configurator import load_checkpoint
+from model import KVCache
 from prepare.common import PrepareError, check_writable, checkpoint_error, codec, die, prepare_scripts
 
 
@@ -146,8 +147,9 @@ def main(argv=None):
               f"token is computed from the last {context} tokens from scratch (slow); --context=N holds more",
               file=sys.stderr)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :].repeat(args.num_samples, 1)
-    kernel = model.config.attn_impl == "triton" or model.config.attn_impl == "auto" and device.startswith("cuda")
-    keys = ("PoPE keys as magnitudes, their phases made by the decoding kernel" if kernel else "PoPE keys in Cartesian "
+    # which form the cache keeps PoPE's keys in: KVCache's own rule, asked of a one-slot cache
+    mu = KVCache(model, 1, 1, torch.bfloat16 if device.startswith("cuda") else model.lm_head.weight.dtype).mu
+    keys = ("PoPE keys as magnitudes, their phases made by the decoding kernel" if mu else "PoPE keys in Cartesian "
             "form") if model.config.pos_emb == "pope" else f"{model.config.pos_emb} keys"
     print(f"decoding: {mode}, static KV cache of {context} positions (block_size {model.config.block_size}), "
           f"{keys}; prefill attention: SDPA", file=sys.stderr)
