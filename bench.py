@@ -630,6 +630,13 @@ def _resources(compiled):
     return {k.lower(): int(v) for k, v in fields.items()}
 
 
+def _aot_row(kernel_fn, args, kwargs, target, case, config):
+    """One compile's report row: the kernel, case and config, its shared memory, wgmma, registers and spills."""
+    c = _aot_compile(kernel_fn, args, kwargs, target)
+    return dict(kernel=kernel_fn.fn.__name__, case=case, config=config, shared=c.metadata.shared,
+                wgmma="wgmma" in c.asm["ptx"], **_resources(c))
+
+
 def aot_report(cases, all_configs=True, capability=90):
     """Compile every kernel that the forward and backward of each case launch, for
     an sm_<capability> GPU, on any machine (CPU tensors stand in for the GPU ones).
@@ -640,9 +647,7 @@ def aot_report(cases, all_configs=True, capability=90):
     rows, case = [], None
 
     def record(kernel_fn, args, kwargs, config):
-        c = _aot_compile(kernel_fn, args, kwargs, target)
-        rows.append(dict(kernel=kernel_fn.fn.__name__, case=case, config=config, shared=c.metadata.shared,
-                         wgmma="wgmma" in c.asm["ptx"], **_resources(c)))
+        rows.append(_aot_row(kernel_fn, args, kwargs, target, case, config))
 
     def launch(kernel_fn, tuned, blocks, grid, args, kwargs, key):
         # blocks is None where the launch would autotune: then every config its autotuner would try
@@ -686,11 +691,8 @@ def aot_decode_report(B=1, H=12, N=8192, D=64, capability=90):
             self.fn = fn
 
         def __getitem__(self, grid):
-            def run(*args, **kwargs):
-                c = _aot_compile(self.fn, args, kwargs, target)
-                rows.append(dict(kernel=self.fn.fn.__name__, case=case, config=(kwargs.get("BLOCK_N"), kwargs.get(
-                    "num_warps")), shared=c.metadata.shared, wgmma="wgmma" in c.asm["ptx"], **_resources(c)))
-            return run
+            return lambda *args, **kwargs: rows.append(_aot_row(self.fn, args, kwargs, target, case, (
+                kwargs.get("BLOCK_N"), kwargs.get("num_warps"))))
 
     pk._decode_split_kernel, pk._decode_reduce_kernel = Record(saved[0]), Record(saved[1])
     theta, delta, inv = model_lib.pope_frequencies(D), torch.zeros(H, D), model_lib.yarn_inv_freq(D, 1e4, 1.0, N)[0]
