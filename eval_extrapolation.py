@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from configurator import load_checkpoint
-from prepare.common import (PrepareError, check_writable, checkpoint_error, die, read_tokens, vocab_key, write_atomic,
-                            write_json)
+from prepare.common import (PrepareError, check_writable, checkpoint_error, die, load_meta, read_tokens, vocab_key,
+                            write_atomic, write_json)
 
 DEFAULT_MAX_TOKENS = 1 << 20  # default cap on the scored tokens per length
 
@@ -127,10 +127,9 @@ def load_tokens(spec, meta, need, ckpt):
         toks = read_tokens(spec, meta, need, ckpt, docs=hf_docs(spec) if data_kind(spec) == "hf" else None)
     except PrepareError as e:
         die(e)
-    if data_kind(spec) == "bin":  # (its meta.json: checked by read_tokens)
-        with open(os.path.join(os.path.dirname(os.path.abspath(spec)), "meta.json")) as f:
-            if row_len := json.load(f).get("row_len"):
-                print(f"note: {spec} holds rows of {row_len} tokens; windows run across rows", file=sys.stderr)
+    # (a split's meta.json: read_tokens has checked it)
+    if data_kind(spec) == "bin" and (row_len := load_meta(os.path.dirname(os.path.abspath(spec))).get("row_len")):
+        print(f"note: {spec} holds rows of {row_len} tokens; windows run across rows", file=sys.stderr)
     return toks
 
 

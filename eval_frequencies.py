@@ -26,7 +26,6 @@ channels of C (an even spread puts 0.25 of the weight there).
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 from pathlib import Path
@@ -38,7 +37,8 @@ from tqdm import tqdm
 
 from configurator import load_checkpoint
 from model import apply_rope, pope_frequencies, rope_cos_sin, yarn_inv_freq
-from prepare.common import PrepareError, checkpoint_error, die, read_tokens, vocab_key, write_atomic, write_json
+from prepare.common import (PrepareError, checkpoint_error, die, load_meta, read_tokens, vocab_key, write_atomic,
+                            write_json)
 
 
 def parse_args(argv):
@@ -180,7 +180,7 @@ def main(argv=None):
             except PrepareError as e:
                 die(e)
             if os.path.splitext(args.data)[1].lower() == ".bin":  # (its meta.json: checked by read_tokens)
-                row_len = json.loads(Path(args.data).with_name("meta.json").read_text()).get("row_len")
+                row_len = load_meta(os.path.dirname(os.path.abspath(args.data))).get("row_len")
         T = model.config.block_size
         T, stride = (min(T, row_len - 1), row_len) if row_len else (T, T)  # a window per row, or back to back
         if args.tokens < T:
