@@ -128,22 +128,21 @@ def takeoff(paths, split, thresholds):
     print(table(["run"] + [f"first step, {split} acc > {t:g}%" for t in thresholds] + [f"last {split} acc %"], rows))
 
 
-def seed_of(name):
-    """The seed in a run's name (seed1337-pope -> 1337), else the name: one colour per seed in a panel."""
-    m = re.search(r"seed(\d+)", name)
-    return m[1] if m else name
-
-
 def plot(out, panels, split, metric, floor):
     """One panel per (title, files): the eval metric against step; PoPE solid, RoPE dashed, else dotted."""
     from matplotlib.figure import Figure  # optional: only --plot needs it
     fig = Figure(figsize=(6.5 * len(panels), 4.5))
     for ax, (title, paths) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
-        seeds = sorted({seed_of(run_name(p)) for p in paths})
-        for p in paths:
-            name, ev = run_name(p), load(p)[0]
+        names = [run_name(p) for p in paths]
+        if len(set(names)) < len(names):  # the same run name from two folders: say which folder
+            names = [f"{os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(p))))}/{n}"
+                     for p, n in zip(paths, names)]
+        colours = sorted({re.sub(r"pope|rope|none", "", n) for n in names})  # one colour per folder and seed
+        for p, name in zip(paths, names):
+            ev = load(p)[0]
             its = sorted(i for i in ev if split in ev[i])
-            ax.plot(its, [ev[i][split][metric] for i in its], label=name, color=f"C{seeds.index(seed_of(name))}",
+            ax.plot(its, [ev[i][split][metric] for i in its], label=name,
+                    color=f"C{colours.index(re.sub(r'pope|rope|none', '', name))}",
                     ls="-" if "pope" in name else "--" if "rope" in name else ":")
         if floor is not None:
             ax.axhline(floor, color="grey", lw=0.8, label=f"floor {floor:g}")
