@@ -248,14 +248,21 @@ def host(B=8, H=12, T=1024, D=64, n=50):
         print(f"# cProfile, {n} calls of {name}: top 30 by own time")
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(30)
     paths = leaves = q = k = v = None
-    model = random_gpt("pope", 1024, std=0.02)
+    models = {pe: random_gpt(pe, 1024, std=0.02) for pe in ("pope", "rope")}
     prompt = torch.randint(0, 50257, (1, 900), device="cuda")
     with torch.autocast("cuda", torch.bfloat16):
-        model.generate(prompt, 3)  # (compiles the decoding kernel for this shape)
-        times = {}
-        model.generate(prompt, 40, times=times)
-        print(f"# eager decoding, 124M PoPE, batch 1, context 1024: {39 / times['decode']:.0f} tok/s "
-              f"({times['decode'] / 39 * 1e3:.2f} ms per token)", flush=True)
+        for m in models.values():
+            m.generate(prompt, 3)  # (compiles the decoding kernel for this shape)
+        rates = {pe: [] for pe in models}
+        for _ in range(3):  # PoPE and RoPE in turn: a drift of the GPU's or host's state hits both alike
+            for pe, m in models.items():
+                times = {}
+                m.generate(prompt, 101, times=times)
+                rates[pe].append(100 / times["decode"])
+        for pe, r in rates.items():
+            print(f"# eager decoding, 124M {pe}, batch 1, context 1024, 100 tokens, 3 turns: "
+                  f"{' / '.join(f'{x:.0f}' for x in r)} tok/s", flush=True)
+        model = models["pope"]
         prof = cProfile.Profile()
         prof.enable()
         model.generate(prompt, 40)
@@ -277,7 +284,7 @@ def decode_sweep(warps=(4, 8), programs=(12, 96, 512, 1024, 2048), tiles=(4096, 
     together) replayed as one CUDA graph, at the last slot of the cache, per call; GB/s counts the keys
     and values read. Raw q and k (turned in the kernel) over PoPE's 128-wide Cartesian keys ("pope"),
     PoPE's 64-wide magnitudes alone ("pope-mu": the phases made in the kernel) and RoPE's 64-wide keys. A budget
-    of 12 programs is one chunk at batch 1 (12 heads): one launch, no reduce."""
+    of 12 programs is one chunk at batch 1 (12 heads): no partials to merge."""
     header("decode_attention launch sweep: us per call (12 caches in a CUDA graph), GB/s of cache read")
     saved = pk._DECODE_WARPS, pk._DECODE_PROGRAMS, pk._DECODE_TILE
     print(f"{'turn':7s} {'B':>2s} {'N':>5s} {'warps':>5s} {'programs':>8s} {'tile':>6s} {'splits':>6s} "
@@ -406,6 +413,18 @@ def decode_kernel_check():
     ok &= good
     print(f"{'ok ' if good else 'BAD'} decode_attention over PoPE magnitudes, B=8 H=12 N=8192 D=64 bf16 vs float64 "
           f"at pos 0, 100, 5000, 8191: rel err {', '.join(f'{e:.1e}' for e in errs)}", flush=True)
+    # the last of a pair's chunks to finish merges them all (an atomic count says which; the merge's order is
+    # fixed): a race, a partial read before it is written, would show as one call's output differing from another's
+    counts, at = torch.zeros(12, dtype=torch.int32, device="cuda"), torch.tensor([8191], device="cuda")
+    q, k, v = (torch.randn(1, 12, 1, 64, device="cuda", generator=g).bfloat16() for _ in range(3))
+    outs = [pk.decode_attention(q, k, v, mu[:1], vc[:1], at, 0.125, theta=theta, delta=delta, counts=counts)
+            for _ in range(1000)]
+    differ = sum(not torch.equal(o, outs[0]) for o in outs)
+    good = differ == 0 and not counts.any()
+    ok &= good
+    print(f"{'ok ' if good else 'BAD'} decode_attention, 1000 calls, B=1 H=12 N=8192 at the last slot "
+          f"({pk.decode_launch(mu[:1])['splits']} chunks a head): {differ} outputs differ from the first; "
+          f"the chunks' count back at zero: {not counts.any()}", flush=True)
     return ok
 
 
@@ -681,10 +700,10 @@ def aot_report(cases, all_configs=True, capability=90):
 def aot_decode_report(B=1, H=12, N=8192, D=64, capability=90):
     """Compile the decoding kernels as KVCache's one-token step launches them (bf16, the 124M model's
     heads): ready 2D-wide keys, PoPE's Cartesian turn, PoPE's magnitudes alone, RoPE's turn; and one chunk
-    (a 64-slot cache: the split kernel writes the output, no reduce)."""
+    (a 64-slot cache: the program writes the output with no partials)."""
     import triton
     target = triton.backends.compiler.GPUTarget("cuda", capability, 64)
-    rows, saved = [], (pk._decode_split_kernel, pk._decode_reduce_kernel)
+    rows, saved = [], pk._decode_split_kernel
 
     class Record:  # stands in for kernel[grid](...)
         def __init__(self, fn):
@@ -694,7 +713,7 @@ def aot_decode_report(B=1, H=12, N=8192, D=64, capability=90):
             return lambda *args, **kwargs: rows.append(_aot_row(self.fn, args, kwargs, target, case, (
                 kwargs.get("BLOCK_N"), kwargs.get("num_warps"))))
 
-    pk._decode_split_kernel, pk._decode_reduce_kernel = Record(saved[0]), Record(saved[1])
+    pk._decode_split_kernel = Record(saved)
     theta, delta, inv = model_lib.pope_frequencies(D), torch.zeros(H, D), model_lib.yarn_inv_freq(D, 1e4, 1.0, N)[0]
     try:
         for case, Dk, kw, n in (("ready keys, 2D wide", 2 * D, {}, N), ("pope, Cartesian keys", 2 * D, dict(
@@ -705,7 +724,7 @@ def aot_decode_report(B=1, H=12, N=8192, D=64, capability=90):
             kc, vc = torch.zeros(B, H, n, Dk, dtype=torch.bfloat16), torch.zeros(B, H, n, D, dtype=torch.bfloat16)
             pk.decode_attention(q, q, q[..., :D], kc, vc, torch.tensor([n - 1]), D ** -0.5, **kw)
     finally:
-        pk._decode_split_kernel, pk._decode_reduce_kernel = saved
+        pk._decode_split_kernel = saved
     return rows
 
 

@@ -200,7 +200,8 @@ class KVCache:
         self.k = [torch.zeros(B, H, context, D * (1 + (cfg.pos_emb == "pope" and not self.mu)), device=device, dtype=dtype)
                   for _ in attns]
         self.slots, self.pos = torch.arange(context, device=device), torch.zeros((), dtype=torch.long, device=device)
-        launch = pope_kernel.decode_launch(self.k[0]) if self.kernel else {}  # its splits and block_n, picked once
+        launch = dict(pope_kernel.decode_launch(self.k[0]), counts=torch.zeros(B * H, dtype=torch.int32, device=device)) \
+            if self.kernel else {}  # its splits and block_n, picked once; counts: its chunks' tally, for every layer
         self.pos_emb, self.dtype, self.turn = cfg.pos_emb, dtype, [launch] * cfg.n_layer  # turn: per layer
         if cfg.pos_emb == "pope":  # theta and the bounded deltas, read once, in the dtype pope_cartesian computes in
             self.theta = pope_frequencies(D, cfg.pope_base, device, torch.promote_types(dtype, torch.float32))

@@ -828,8 +828,10 @@ def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offse
 # as it is read: _POPE_MU, KVCache's layout), split over the key axis as flash-decoding does:
 # at batch 1 there are only H (batch, head) pairs, too few to keep a GPU's memory system busy, so
 # each pair's keys 0..pos are cut into `splits` chunks, one program each, which write a partial
-# (max, sum, accumulator); a second kernel merges them (one chunk: its program writes the output, and
-# the step is one launch). The position is read from a device tensor,
+# (max, sum, accumulator); the last of a pair's programs to finish (a per-pair count, atomically
+# incremented, says which) merges them and writes the output, so the step is one launch per layer
+# whatever the splits (a second, merging kernel would cost a launch per layer: host time when eager,
+# a few microseconds of a graph's chain). The position is read from a device tensor,
 # and the chunks are cut from it on the device, so a CUDA graph replays the step at every position
 # without a host sync, and slots past pos are never read. The split program that holds slot pos
 # also writes the new key and value there (no index_copy_ launches); it attends to the new key
@@ -880,16 +882,17 @@ def _decode_turn(X, sxd, pos, FREQ, DELTA, TURN: tl.constexpr, KEY_DIM: tl.const
 
 
 @triton.jit
-def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART, O, FREQ, DELTA,
+def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART, COUNT, O, FREQ, DELTA,
                          sqb, sqh, sqd, sknb, sknh, sknd, svnb, svnh, svnd,
                          skb, skh, skt, skd, svb, svh, svt, svd, sob, soh, sod, sdh,
                          H, N, SPLITS, qk_scale,
                          KEY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TURN: tl.constexpr,
-                         FINAL: tl.constexpr):
+                         FINAL: tl.constexpr, SPLITS_POW2: tl.constexpr):
     """Program (split, bh): chunk `split` of (batch, head) bh's keys 0..pos -> PART[bh, split] = (acc, max, sum),
-    the max and sum of exp2(scores - max) in log2 units (qk_scale holds sm_scale * log2(e)). TURN: _decode_turn's
-    (FREQ and DELTA (H, HEAD_DIM), row stride sdh, are read only for the TURN that needs them). FINAL (one chunk,
-    SPLITS = 1): the program writes O[b, h, 0] = acc / sum itself, what the reduce would, and no reduce runs."""
+    the max and sum of exp2(scores - max) in log2 units (qk_scale holds sm_scale * log2(e)); the pair's last
+    program to finish (COUNT[bh], zero between launches, counts them) merges the partials into O[b, h, 0].
+    TURN: _decode_turn's (FREQ and DELTA (H, HEAD_DIM), row stride sdh, are read only for the TURN that needs
+    them). FINAL (one chunk, SPLITS = 1): the program writes O[b, h, 0] = acc / sum, no partial, no count."""
     split = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -899,7 +902,7 @@ def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART, O, FREQ, DELTA,
     lo = split * per
     hi = tl.minimum(lo + per, pos + 1)
     offs_d = tl.arange(0, HEAD_DIM)
-    if (lo < hi) & (pos < N):  # chunks past pos do nothing (the reduce skips them); pos >= N: nothing at all
+    if (lo < hi) & (pos < N):  # chunks past pos do nothing (nor count); pos >= N: nothing at all
         offs_k = tl.arange(0, KEY_DIM)
         q = _decode_turn(Q + b * sqb + h * sqh, sqd, pos, FREQ, None, TURN, KEY_DIM, HEAD_DIM) * qk_scale
         if TURN == 3:  # the score of key s: sum_c mu_q,c mu_k,sc cos((s - pos) theta_c + delta_c)
@@ -947,34 +950,29 @@ def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART, O, FREQ, DELTA,
         if FINAL:
             tl.store(O + b * sob + h * soh + offs_d * sod, _cast(acc / l, O.dtype.element_ty))
         else:
-            part = PART + (bh * SPLITS + split) * (HEAD_DIM + 2)
-            tl.store(part + offs_d, acc)
-            tl.store(part + HEAD_DIM, m)
-            tl.store(part + HEAD_DIM + 1, l)
-    if FINAL:
-        if pos >= N:  # (as the reduce: a NaN output, nothing written)
-            tl.store(O + b * sob + h * soh + offs_d * sod, tl.full([HEAD_DIM], float("nan"), O.dtype.element_ty))
-
-
-@triton.jit
-def _decode_reduce_kernel(PART, O, POS, sob, soh, sod, H, N, SPLITS,
-                          HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS_POW2: tl.constexpr):
-    """Program bh: O[b, h, 0] = the split programs' partials merged (those that ran, as they cut them)."""
-    bh = tl.program_id(0).to(tl.int64)
-    pos = tl.load(POS)
-    nblk = tl.cdiv(tl.minimum(pos, N - 1) + 1, BLOCK_N)  # (pos >= N: the output is NaN)
-    ran = tl.cdiv(nblk, tl.cdiv(nblk, SPLITS))
-    offs_s = tl.arange(0, SPLITS_POW2)
-    offs_d = tl.arange(0, HEAD_DIM)
-    ok = offs_s < ran
-    part = PART + (bh * SPLITS + offs_s) * (HEAD_DIM + 2)
-    m = tl.load(part + HEAD_DIM, mask=ok, other=float("-inf"))
-    l = tl.load(part + HEAD_DIM + 1, mask=ok, other=0.0)
-    acc = tl.load(part[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
-    w = tl.math.exp2(m - tl.max(m, 0))  # split 0 always ran: the max is finite; skipped ones weigh 0
-    out = tl.sum(w[:, None] * acc, 0) / tl.sum(w * l, 0)
-    out = tl.where(pos < N, out, float("nan"))
-    tl.store(O + (bh // H) * sob + (bh % H) * soh + offs_d * sod, _cast(out, O.dtype.element_ty))
+            part = PART + bh * SPLITS * (HEAD_DIM + 2)
+            tl.store(part + split * (HEAD_DIM + 2) + offs_d, acc)
+            tl.store(part + split * (HEAD_DIM + 2) + HEAD_DIM, m)
+            tl.store(part + split * (HEAD_DIM + 2) + HEAD_DIM + 1, l)
+            # every thread's partial stored before the count (the barrier), released with it; the count's
+            # old value says whether this is the last of the chunks that ran (ran = chunks holding a key)
+            tl.debug_barrier()
+            done = tl.atomic_add(COUNT + bh, 1, sem="acq_rel", scope="gpu")
+            ran = tl.cdiv(pos + 1, per)
+            if done == ran - 1:  # the last: merge all (they are visible: the acquire), zero the count
+                tl.store(COUNT + bh, 0)
+                offs_s = tl.arange(0, SPLITS_POW2)
+                ok = offs_s < ran
+                mp = tl.load(part + offs_s * (HEAD_DIM + 2) + HEAD_DIM, mask=ok, other=float("-inf"),
+                             cache_modifier=".cg")  # (.cg: from L2, where the other programs' stores are)
+                lp = tl.load(part + offs_s * (HEAD_DIM + 2) + HEAD_DIM + 1, mask=ok, other=0.0, cache_modifier=".cg")
+                ap = tl.load(part + offs_s[:, None] * (HEAD_DIM + 2) + offs_d[None, :], mask=ok[:, None], other=0.0,
+                             cache_modifier=".cg")
+                w = tl.math.exp2(mp - tl.max(mp, 0))  # chunk 0 always ran: the max is finite; others weigh 0
+                out = tl.sum(w[:, None] * ap, 0) / tl.sum(w * lp, 0)
+                tl.store(O + b * sob + h * soh + offs_d * sod, _cast(out, O.dtype.element_ty))
+    if (pos >= N) & (split == 0):  # past the cache: a NaN output, nothing written
+        tl.store(O + b * sob + h * soh + offs_d * sod, tl.full([HEAD_DIM], float("nan"), O.dtype.element_ty))
 
 
 def _pow2(n):
@@ -1002,7 +1000,7 @@ def decode_unsupported_reason(k_cache, v_cache):
 
 
 def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, delta=None, inv_freq=None,
-                     splits=None, block_n=None):
+                     splits=None, block_n=None, counts=None):
     """One query per (batch, head) over a static cache, the new key and value written at slot pos:
     k_cache[:, :, pos] = k, v_cache[:, :, pos] = v, then softmax(sm_scale q k_cache[..., :pos+1]^T)
     v_cache[..., :pos+1], the softmax in float32. q, k (B, H, 1, Dk) and v (B, H, 1, D), any strides;
@@ -1015,7 +1013,9 @@ def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, de
     (D/2,), RoPE's rotation (Dk = D: model.apply_rope's). theta, delta and inv_freq are
     used as given (float32, rows contiguous; bound delta with model.pope_delta first).
     splits and block_n (a power of two >= 16) override the launch's (tests: many chunks at small N; model.KVCache
-    passes decode_launch's, picked once)."""
+    passes decode_launch's, picked once). counts: B*H int32 zeros on the caches' device, which the chunks of
+    each (batch, head) count themselves in and leave at zero again (model.KVCache keeps one for all its layers,
+    one step after another on one stream); without it, a call with more than one chunk makes its own."""
     B, H, N, Dk = k_cache.shape
     D = v_cache.size(-1)
     turn = (_POPE if Dk == 2 * D else _POPE_MU) if theta is not None else _ROPE if inv_freq is not None else _READY
@@ -1037,8 +1037,13 @@ def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, de
     # traced by torch.compile (generate's mode="compile"), the launch is one opaque op that writes the
     # caches; run eagerly or captured in a CUDA graph, the plain function (no dispatcher in between)
     run = _decode_op if torch.compiler.is_compiling() else _decode
+    if splits > 1 and counts is None:
+        counts = torch.zeros(B * H, device=k_cache.device, dtype=torch.int32)
+    elif splits > 1 and (counts.shape != (B * H,) or counts.dtype != torch.int32 or counts.device != k_cache.device):
+        raise ValueError(f"counts must be ({B * H},) int32 zeros on {k_cache.device}; got {tuple(counts.shape)} "
+                         f"{counts.dtype} on {counts.device}")
     return run(q, k, v, k_cache, v_cache, pos, freq, delta if pope else None, float(sm_scale), turn,
-               splits, block_n)
+               splits, block_n, counts if splits > 1 else None)
 
 
 def decode_launch(k_cache, block_n=None):
@@ -1053,35 +1058,34 @@ def _shape(x):
     return None if x is None else tuple(x.shape)
 
 
-def _decode(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, turn, splits, block_n):
+def _decode(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, turn, splits, block_n, counts):
     B, H, N, Dk = k_cache.shape
     D = v_cache.size(-1)
     with _on_device(k_cache):
         out = _empty((B, H, 1, D), v_cache)
-        # one chunk: its program writes the output, no partials, no reduce (a launch fewer per layer)
+        # one chunk: its program writes the output, no partials, no count
         part = out if splits == 1 else _empty((B * H, splits, D + 2), v_cache, torch.float32)  # (graph: its pool's)
         # (ready keys: the caches stand in for the pointers the kernel does not read)
         freq = k_cache if freq is None else freq
         delta = k_cache if delta is None else delta
+        counts = pos if counts is None else counts
         _decode_split_kernel[(splits, B * H)](
-            q, k, v, k_cache, v_cache, pos, part, out, freq, delta, q.stride(0), q.stride(1), q.stride(3),
+            q, k, v, k_cache, v_cache, pos, part, counts, out, freq, delta, q.stride(0), q.stride(1), q.stride(3),
             k.stride(0), k.stride(1), k.stride(3), v.stride(0), v.stride(1), v.stride(3),
             *k_cache.stride(), *v_cache.stride(), out.stride(0), out.stride(1), out.stride(3), delta.stride(0),
             H, N, splits, sm_scale * 1.4426950408889634,
-            KEY_DIM=Dk, HEAD_DIM=D, BLOCK_N=block_n, TURN=turn, FINAL=splits == 1, num_warps=_DECODE_WARPS)
-        if splits > 1:
-            _decode_reduce_kernel[(B * H,)](part, out, pos, out.stride(0), out.stride(1), out.stride(3), H, N, splits,
-                                            HEAD_DIM=D, BLOCK_N=block_n, SPLITS_POW2=_bucket(splits), num_warps=4)
+            KEY_DIM=Dk, HEAD_DIM=D, BLOCK_N=block_n, TURN=turn, FINAL=splits == 1, SPLITS_POW2=_bucket(splits),
+            num_warps=_DECODE_WARPS)
     return out
 
 
-@torch.library.custom_op(f"{_NS}::decode", mutates_args=("k_cache", "v_cache"))
+@torch.library.custom_op(f"{_NS}::decode", mutates_args=("k_cache", "v_cache", "counts"))
 def _decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                pos: torch.Tensor, freq: Optional[torch.Tensor], delta: Optional[torch.Tensor], sm_scale: float,
-               turn: int, splits: int, block_n: int) -> torch.Tensor:
-    return _decode(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, turn, splits, block_n)
+               turn: int, splits: int, block_n: int, counts: Optional[torch.Tensor]) -> torch.Tensor:
+    return _decode(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, turn, splits, block_n, counts)
 
 
 @_decode_op.register_fake
-def _(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, turn, splits, block_n):
+def _(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, turn, splits, block_n, counts):
     return v_cache.new_empty((*k_cache.shape[:2], 1, v_cache.size(-1)))

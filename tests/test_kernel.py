@@ -510,8 +510,10 @@ def decode_f64(q, k, v, k_cache, v_cache, pos, scale):
 
 def check_decode(B, H, N, D, Dk, dtype, seed, positions, **kw):
     """At each position: the output against decode_f64, the cache's slot pos set to k and v and
-    every other slot untouched. Slot pos and all past it start as NaN: the kernel must not read them."""
+    every other slot untouched. Slot pos and all past it start as NaN: the kernel must not read them.
+    One tally of chunks (counts) serves every call, as KVCache's serves its layers: each call leaves it at zero."""
     g = torch.Generator().manual_seed(seed)
+    kw = {"counts": torch.zeros(B * H, dtype=torch.int32), **kw}
     scale = (0.5 + torch.rand(1, generator=g).item()) / math.sqrt(D)
     for pos in positions:
         what = f"seed={seed} B={B} H={H} N={N} D={D} Dk={Dk} {dtype} pos={pos} {kw}"
@@ -528,6 +530,7 @@ def check_decode(B, H, N, D, Dk, dtype, seed, positions, **kw):
         assert rel_err(out, ref) < BOUND[dtype][0], f"{what}: rel err {rel_err(out, ref):.2e}"
         for name, got, want in (("k", kc, want_k), ("v", vc, want_v)):
             assert torch.equal(got.nan_to_num(1e4), want.nan_to_num(1e4)), f"{what}: the {name} cache is wrong"
+        assert not kw["counts"].any(), f"{what}: the chunks left their tally at {kw['counts'].tolist()}, not zero"
 
 
 @interpreted
@@ -544,18 +547,18 @@ def test_decoding_kernel_against_float64(D, wide, dtype, seed):
 @pytest.mark.parametrize("splits", [1, 3, 5])
 def test_decoding_kernel_at_chunk_boundaries(splits, monkeypatch):
     """Every position where a block or a chunk starts or ends: pos a multiple of the chunk length
-    (the last chunk holds the new key alone), pos + 1 one, 1 block per chunk, then 2, then 3. One
-    chunk (splits 1): its program writes the output, and no reduce runs."""
-    reduces, real = [], pk._decode_reduce_kernel
+    (the last chunk holds the new key alone), pos + 1 one, 1 block per chunk, then 2, then 3. Whatever
+    the chunks, a call is one launch: the last chunk to finish merges them."""
+    launches, real = [], pk._decode_split_kernel
 
     class Counted:
         def __getitem__(self, grid):
-            reduces.append(grid)
+            launches.append(grid)
             return real[grid]
-    monkeypatch.setattr(pk, "_decode_reduce_kernel", Counted())
+    monkeypatch.setattr(pk, "_decode_split_kernel", Counted())
     positions = [1, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 79, 80, 95, 96, 99]
     check_decode(2, 1, 100, 32, 64, torch.float32, 33 + splits, positions, splits=splits, block_n=16)
-    assert len(reduces) == (0 if splits == 1 else len(positions)), reduces
+    assert launches == [(splits, 2)] * len(positions), launches
 
 
 @interpreted
@@ -574,8 +577,12 @@ def test_decoding_kernel_past_the_cache_writes_nothing(monkeypatch):
     kc, vc = torch.randn(1, 2, 20, 64), torch.randn(1, 2, 20, 32)
     before = kc.clone(), vc.clone()
     q = torch.randn(1, 2, 1, 64)
-    out = pk.decode_attention(q, q, torch.randn(1, 2, 1, 32), kc, vc, torch.tensor([20]), 0.2)
-    assert out.isnan().all() and torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+    for launch in ({}, dict(splits=2, block_n=16)):  # one chunk, and two whose partials would be merged
+        counts = torch.zeros(2, dtype=torch.int32)
+        out = pk.decode_attention(q, q, torch.randn(1, 2, 1, 32), kc, vc, torch.tensor([20]), 0.2, counts=counts,
+                                  **launch)
+        assert out.isnan().all() and torch.equal(kc, before[0]) and torch.equal(vc, before[1]), launch
+        assert not counts.any(), (launch, counts)
     assert "D=48" in pk.decode_unsupported_reason(torch.zeros(1, 2, 8, 96), torch.zeros(1, 2, 8, 48))
     assert "float64" in pk.decode_unsupported_reason(torch.zeros(1, 2, 8, 64, dtype=torch.float64),
                                                      torch.zeros(1, 2, 8, 32, dtype=torch.float64))
@@ -759,7 +766,7 @@ def test_generate_on_the_decoding_kernel_equals_the_pytorch_path(pos_emb, D, mon
     out = {impl: m.generate(idx, 30, temperature=0.0, context=24) for impl, m in models.items()}
     assert len(calls) == 2 * (24 - 5), len(calls)  # 2 layers, the steps until the context is full
     turn = ["delta", "theta"] if pos_emb == "pope" else ["inv_freq"]
-    assert all(kw == sorted(turn + ["block_n", "splits"]) for kw in calls), calls[0]
+    assert all(kw == sorted(turn + ["block_n", "counts", "splits"]) for kw in calls), calls[0]
     assert torch.equal(out["triton"], out["torch"]), f"seed=42/43 {pos_emb} D={D}: {out}"
     caches = {impl: KVCache(m, 2, 24, torch.float32) for impl, m in models.items()}
     assert caches["triton"].kernel and not caches["torch"].kernel
@@ -784,7 +791,7 @@ def test_the_cache_launches_the_decoding_kernel_as_decode_attention_would(pos_em
     programs does (32 (batch, head) pairs: 16 splits)."""
     from model import KVCache
     launched = []
-    monkeypatch.setattr(pk, "_decode", lambda *a: launched.append(a[-2:]) or a[4][:, :, :1].clone())
+    monkeypatch.setattr(pk, "_decode", lambda *a: launched.append(a[-3:-1]) or a[4][:, :, :1].clone())
     model = tiny_float(pos_emb, "triton")
     block_n = 256  # 8192 / key width (32: D, PoPE's magnitudes alone as RoPE's keys)
     assert KVCache(model, 1, 8, torch.float32).k[0].size(-1) == 32
@@ -793,7 +800,7 @@ def test_the_cache_launches_the_decoding_kernel_as_decode_attention_would(pos_em
         with torch.no_grad():
             model(torch.zeros(B, 1, dtype=torch.long), cache=cache)
         by_model = launched[-1]
-        turn = {k: v for k, v in cache.turn[0].items() if k not in ("splits", "block_n")}
+        turn = {k: v for k, v in cache.turn[0].items() if k not in ("splits", "block_n", "counts")}
         q = torch.zeros(B, 2, 1, 32)
         pk.decode_attention(q, q, q, cache.k[0], cache.v[0], cache.pos, 0.1, **turn)
         assert by_model == launched[-1] == want, (pos_emb, B, N, by_model, launched[-1], want)
@@ -828,7 +835,8 @@ def step_launches(pos_emb, attn_impl, n_layer):
     torch.manual_seed(46)
     model = GPT(GPTConfig(n_layer=n_layer, n_head=2, n_embd=64, block_size=16, vocab_size=50, pos_emb=pos_emb,
                           attn_impl=attn_impl)).eval()
-    cache = KVCache(model, 1, 16, torch.float32)
+    cache = KVCache(model, 1, 600, torch.float32)  # 600 slots: 3 chunks of the kernel's 256 keys
+    assert cache.turn[0].get("splits", 3) == 3, cache.turn[0]
     with torch.no_grad():
         model(torch.zeros(1, 4, dtype=torch.long), cache=cache)  # the prefill
         InterpretedFunction.run = run
@@ -844,13 +852,13 @@ def step_launches(pos_emb, attn_impl, n_layer):
 def test_a_cached_step_on_the_kernel_launches_what_a_nope_step_does():
     """On the decoding kernel, a PoPE or RoPE one-token step launches per layer exactly what a NoPE step
     does (the kernel turns q and k: no stack, softplus, cat, cos or sin, per layer or per step): one
-    Triton kernel a layer (a 16-slot cache is one chunk: no reduce). On the PyTorch path those ops are
+    Triton kernel a layer, whatever its chunks. On the PyTorch path those ops are
     there (the counter sees them)."""
     def per_layer(pos_emb, impl):
         one, three = step_launches(pos_emb, impl, 1), step_launches(pos_emb, impl, 3)
         return {op: (three.get(op, 0) - one.get(op, 0)) / 2 for op in set(one) | set(three)}, three
     nope, _ = per_layer("none", "triton")
-    assert nope["triton._decode_split_kernel"] == 1 and "triton._decode_reduce_kernel" not in nope, nope
+    assert nope["triton._decode_split_kernel"] == 1, nope
     turning = ("stack", "softplus", "cat", "cos", "sin", "neg", "_to_copy")
     for pos_emb in ("pope", "rope"):
         layer, step = per_layer(pos_emb, "triton")
