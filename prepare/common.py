@@ -5,6 +5,9 @@ rebuilds a dataset, the dataset check train.py runs (check_dataset) and the
 batches it draws (Data), a tqdm progress bar, optional imports and a download
 helper that fails fast offline; for the scripts at the top: their one error exit
 (die) and the eval scripts' token reader (read_tokens).
+
+Usage: a module, not a script: `from prepare import common` (the prepare/ scripts, train.py and the
+eval scripts do); `python prepare/common.py --help` prints this.
 """
 
 import argparse
@@ -965,3 +968,9 @@ def run_main(main_fn, argv=None):
         die(e)
     except OSError as e:  # a file error outside the staged writes (which say more): still one line
         die(f"{f'{e.filename}: ' if e.filename else ''}{e.strerror or e}")
+
+
+if __name__ == "__main__":  # (a module: run, it only says what it is)
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    print("prepare/common.py is a module imported by the prepare/ scripts, train.py and the eval scripts; "
+          "see --help", file=sys.stderr)

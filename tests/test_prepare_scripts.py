@@ -117,3 +117,9 @@ def test_quick_config_matches_quick_data():
     assert cfg["block_size"] == ii.row_len_for(ii.QUICK["max_len"], ii.QUICK["max_shift"]) - 1
     assert (cfg["device"], cfg["dtype"], cfg["compile"]) == ("cpu", "float32", False)
     assert "python prepare/indirect_indexing.py --quick" in (REPO / "config" / "indirect_indexing_quick.py").read_text()
+
+
+def test_the_common_module_says_what_it_is_when_run():
+    r = subprocess.run([sys.executable, str(REPO / "prepare" / "common.py"), "--help"],
+                       capture_output=True, text=True, timeout=120, cwd="/")
+    assert r.returncode == 0 and r.stdout.startswith("usage: ") and "a module, not a script" in r.stdout, r
