@@ -535,9 +535,9 @@ def sample_bench(modes=("eager", "graph", "compile"), json_path=None):
     prompt fills the context but for the new tokens, so steps run at its end.
     tok/s are new tokens of all rows per second in steady state: the decode
     time of generate(times=...), prefill and capture/compilation excluded (eager
-    decoding is warmed up by a 3-token call first, for Triton's compilation)."""
+    decoding is warmed up by a 16-token call first, for Triton's compilation)."""
     header("decoding, 124M, random weights, bf16 autocast, steady-state tok/s (all rows)")
-    n_new = {"eager": 24, "graph": 128, "compile": 128}
+    n_new = {"eager": 64, "graph": 128, "compile": 128}
     cols = " | ".join(f"{m} tok/s" for m in modes)
     print(f"| model | context | B | prefill ms | {cols} | capture s (graph / compile) | cache bytes/token |")
     print("|---|---:|---:|---:|" + "---:|" * len(modes) + "---:|---:|", flush=True)
@@ -555,7 +555,7 @@ def sample_bench(modes=("eager", "graph", "compile"), json_path=None):
                     times = {}
                     with torch.autocast("cuda", torch.bfloat16):
                         if mode == "eager":  # Triton compiles the decoding kernel at its first step for a shape
-                            model.generate(prompt, 3, mode=mode)  # (graph, compile: in their capture time)
+                            model.generate(prompt, 16, mode=mode)  # (graph, compile: in their capture time)
                         model.generate(prompt, n, temperature=1.0, top_k=200, vocab_size=50257, mode=mode, times=times)
                     row[f"{mode}_tok_s"] = B * (n - 1) / times["decode"]
                     row[f"{mode}_capture_s"] = times["capture"]
