@@ -700,21 +700,23 @@ def _(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), delta.new_empty(delta.shape)
 
 
-def _setup_context(ctx, inputs, output):
+def _save(ctx, inputs, out, lse):  # what both doors keep for the backward
     q, k, v, delta, theta, causal, sm_scale, q_offset, _ = inputs
-    out, lse = output
     ctx.save_for_backward(q, k, v, delta, theta, out, lse)
     ctx.args = (causal, sm_scale, q_offset)
-    ctx.mark_non_differentiable(lse)
 
 
-def _backward(ctx, dout, dlse):
+def _grads(ctx, dout, bwd):  # dq, dk, dv, ddelta from bwd (_bwd_op or _bwd); the other inputs get none
     q, k, v, delta, theta, out, lse = ctx.saved_tensors
-    dq, dk, dv, ddelta = _bwd_op(dout, q, k, v, delta, theta, out, lse, *ctx.args)
-    return dq, dk, dv, ddelta, None, None, None, None, None
+    return (*bwd(dout, q, k, v, delta, theta, out, lse, *ctx.args), None, None, None, None, None)
 
 
-_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+def _setup_context(ctx, inputs, output):
+    _save(ctx, inputs, *output)
+    ctx.mark_non_differentiable(output[1])
+
+
+_fwd_op.register_autograd(lambda ctx, dout, dlse: _grads(ctx, dout, _bwd_op), setup_context=_setup_context)
 
 
 class _Attention(torch.autograd.Function):
@@ -722,17 +724,14 @@ class _Attention(torch.autograd.Function):
     returns out only (lse stays inside), so autograd makes no zero gradient for lse."""
 
     @staticmethod
-    def forward(ctx, q, k, v, delta, theta, causal, sm_scale, q_offset, tune):
-        out, lse = _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, tune)
-        ctx.save_for_backward(q, k, v, delta, theta, out, lse)
-        ctx.args = (causal, sm_scale, q_offset)
+    def forward(ctx, *inputs):
+        out, lse = _fwd(*inputs)
+        _save(ctx, inputs, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, delta, theta, out, lse = ctx.saved_tensors
-        dq, dk, dv, ddelta = _bwd(dout, q, k, v, delta, theta, out, lse, *ctx.args)
-        return dq, dk, dv, ddelta, None, None, None, None, None
+        return _grads(ctx, dout, _bwd)
 
 
 # -----------------------------------------------------------------------------
