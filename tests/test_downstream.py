@@ -29,6 +29,7 @@ except ImportError:  # CI installs it (POPE_SHARED_DATA is set there): fail ther
     pytest.skip('lm-eval is not installed (pip install "lm-eval>=0.4,<0.5")', allow_module_level=True)
 
 import eval_downstream as ed  # noqa: E402
+from helpers import large_weights_  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from prepare.common import codec  # noqa: E402
 
@@ -44,11 +45,8 @@ def tiny(tmp_path_factory):
     torch.manual_seed(SEED)
     cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=T, vocab_size=50304, pos_emb="pope",
                     attn_impl="torch")
-    model = GPT(cfg)
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.3)
+        model = large_weights_(GPT(cfg))
     path = str(tmp_path_factory.mktemp("ckpt") / "ckpt.pt")
     torch.save({"model": model.state_dict(), "model_args": dataclasses.asdict(cfg),
                 "meta": {"tokenizer": "gpt2", "vocab_size": 50257, "dtype": "uint16"},
