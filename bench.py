@@ -336,24 +336,31 @@ def gpt124m(pos_emb, attn_impl="auto", block_size=1024):
 def train(steps=40, warmup=15, B=16, T=1024):
     """One optimizer step of the 124M model on random tokens, as train.py runs it
     (bf16 autocast, torch.compile, fused AdamW, grad clip), median of CUDA-event
-    timed steps after warm-up."""
+    timed steps after warm-up; then the GPU's side of 3 more steps: its kernels by
+    name, the 15 that take longest (where PoPE's extra time per step goes)."""
+    from torch.profiler import ProfilerActivity, profile
     header(f"124M training step, batch {B} x {T}, compiled, bf16")
+    tables = []
     for pos_emb, impl in (("rope", "auto"), ("pope", "triton"), ("pope", "torch")):
         torch.manual_seed(0)
         model = gpt124m(pos_emb, impl, T)
         opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cuda")
         step_model = torch.compile(model)
         x = torch.randint(0, 50257, (B, T), device="cuda")
-        times = []
-        for i in range(warmup + steps):
-            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            t0.record()
+
+        def step():
             with torch.autocast("cuda", torch.bfloat16):
                 _, loss = step_model(x, x)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            return loss
+        times = []
+        for i in range(warmup + steps):
+            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0.record()
+            loss = step()
             t1.record()
             t1.synchronize()
             if i >= warmup:
@@ -361,7 +368,14 @@ def train(steps=40, warmup=15, B=16, T=1024):
         ms = sorted(times)[len(times) // 2]
         print(f"{pos_emb:5s} attn_impl={impl:7s} {ms:7.2f} ms/step  {B * T / ms * 1e3:10,.0f} tok/s  "
               f"loss {loss.item():.3f}", flush=True)
-        del model, opt, step_model
+        with profile(activities=[ProfilerActivity.CUDA]) as p:
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+        tables.append((f"{pos_emb} attn_impl={impl}", p.key_averages().table(sort_by="cuda_time_total", row_limit=15)))
+        model = opt = step_model = step = None  # (freed before the next model is built)
+    for name, table in tables:
+        print(f"# CUDA kernels of 3 steps, {name}: the 15 longest in total\n{table}", flush=True)
 
 
 def random_gpt(pos_emb, block_size, std=0.1, **kw):
