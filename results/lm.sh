@@ -99,14 +99,14 @@ CUDA_VISIBLE_DEVICES=${GPU[0]} python eval_extrapolation.py --data data/english/
 
 # 3b. which positional frequencies the pretrained PoPE and RoPE models use (RESULTS.md, frequency usage)
 FREQ=(); for s in $SEEDS; do FREQ+=($OUT/seed$s-pope/ckpt.pt $OUT/seed$s-rope/ckpt.pt); done
-CUDA_VISIBLE_DEVICES=${GPU[0]} python eval_frequencies.py --data data/english/val.bin --ckpt "${FREQ[@]}" \
+CUDA_VISIBLE_DEVICES=${GPU[0]} python eval_frequencies.py --data data/english/val.bin --ckpt "${FREQ[@]}" --no_progress \
     --json $OUT/frequencies.json --plot $OUT/frequencies.png 2>&1 | tee $OUT/frequencies.log
 
 # 4. 124M at 10x its 1024-token context: peak memory is linear in T (no T x T attention tensor)
 M124="--dataset=english --max_iters=20 --lr_decay_iters=20 --warmup_iters=2 --eval_interval=20 --eval_iters=2
       --compile=False --always_save_checkpoint=True --overwrite=True"  # a rerun replaces these
 for pe in pope rope; do
-    CUDA_VISIBLE_DEVICES=${GPU[0]} python train.py config/${pe}_124m.py --out_dir=$OUT/memory-124m-$pe $M124 $EXTRA \
+    CUDA_VISIBLE_DEVICES=${GPU[0]} python train.py config/pope_124m.py --pos_emb=$pe --out_dir=$OUT/memory-124m-$pe $M124 $EXTRA \
         > $OUT/memory-124m-$pe.log 2>&1
 done
 CUDA_VISIBLE_DEVICES=${GPU[0]} python eval_extrapolation.py --data data/english/val.bin --no_progress \

@@ -45,7 +45,7 @@ if [[ $PART == *124m* ]]; then
     fi
     for run in rope-auto pope-triton pope-torch; do
         pe=${run%-*}; impl=${run#*-}
-        python train.py config/${pe}_124m.py --dataset=$DATASET --attn_impl=$impl --max_iters=120 \
+        python train.py config/pope_124m.py --pos_emb=$pe --dataset=$DATASET --attn_impl=$impl --max_iters=120 \
             --lr_decay_iters=120 --warmup_iters=10 --eval_interval=100000 --eval_iters=2 --log_interval=10 \
             --gradient_accumulation_steps=1 --batch_size=16 --always_save_checkpoint=False --overwrite=True \
             --out_dir=$OUT/$run $EXTRA > $OUT/$run.log 2>&1
