@@ -5,13 +5,19 @@
 #
 # Needs:   1-2 CUDA GPUs (runs spread over CUDA_VISIBLE_DEVICES, default: all; side by side on one);
 #          Jsb16thSeparated.json (../shared/data/music/, or set SHARED); data/jsb is made if missing.
+#          data/maestro is made from the MIDI folder (SHARED/music/maestro) with miditok; where either
+#          is missing, prepare it elsewhere and copy the folder over (the v2.0.0 sample: 183 MB,
+#          23 MB as a .tar.xz). data/genome (chr20: 20 MB) needs only SHARED/genome.
 # Time:    H200: about 5 min for 3 seeds of JSB (6 runs side by side on one GPU).
 # Outputs: results/tasks/
 #          <task>-<pe>-<S>.log             training log
 #          <task>-<pe>-<S>/metrics.jsonl   the same as JSON lines (ckpt.pt: the best-val checkpoint)
 #          <task>-<pe>-<S>-eval.json       val and test NLL and accuracy over the whole splits
 #          <task>-<pe>-<S>-test.log        that evaluation's output
-#          summary.md, env.txt
+#          <tasks><TAG>-summary.md         python results/summarize.py over this call's runs, e.g.
+#                                          maestro-genome-short-summary.md for TASKS="maestro genome" TAG=-short
+#          <tasks><TAG>-env.txt            date, GPUs, driver, torch and triton versions
+#          (summary.md and env.txt are those of the JSB runs of RESULTS.md section 2, written before)
 # Settings (environment variables):
 #   TASKS="jsb"       also "maestro" (needs pip install miditok) and "genome": their configs follow
 #                     the paper's models; no run of them is in RESULTS.md, and they take hours
@@ -31,7 +37,9 @@ POS_EMBS=${POS_EMBS:-pope rope}
 TAG=${TAG:-}
 EXTRA=${EXTRA:-}
 OUT=results/tasks
-source results/setup.sh  # GPU list, logging, $OUT/env.txt
+NAME=$(echo $TASKS | tr ' ' -)$TAG  # this call's summary and env file: another call's are kept
+ENV_TXT=$OUT/$NAME-env.txt
+source results/setup.sh  # GPU list, logging, $ENV_TXT
 
 for task in $TASKS; do
     [ -f data/$task/meta.json ] && continue
@@ -59,16 +67,22 @@ done
 fail=0; for p in "${pids[@]}"; do wait $p || fail=1; done
 [ $fail = 0 ] || { echo "a training run failed: see the logs in $OUT"; exit 1; }
 
-# evaluate each best-val checkpoint on the whole val and test splits
+# evaluate each best-val checkpoint on the whole val and test splits, side by side as the training
+# (one after another, the start of each process, torch, CUDA and the checkpoint, would add up)
+i=0; pids=(); EVALS=()
 for task in $TASKS; do
     for s in $SEEDS; do
         for pe in $POS_EMBS; do
             run=$task-$pe-$s$TAG
+            EVALS+=($OUT/$run-eval.json)
             [ -f $OUT/$run-eval.json ] && continue
-            CUDA_VISIBLE_DEVICES=${GPU[0]} python train.py --out_dir=$OUT/$run --init_from=resume --eval_only=True \
-                --eval_full=True --eval_splits=val,test --compile=False $EXTRA > $OUT/$run-test.log 2>&1
-            cp $OUT/$run/eval.json $OUT/$run-eval.json
+            { CUDA_VISIBLE_DEVICES=${GPU[i % ${#GPU[@]}]} python train.py --out_dir=$OUT/$run --init_from=resume \
+                --eval_only=True --eval_full=True --eval_splits=val,test --compile=False $EXTRA > $OUT/$run-test.log 2>&1 &&
+              cp $OUT/$run/eval.json $OUT/$run-eval.json; } &
+            pids+=($!); i=$((i + 1))
         done
     done
 done
-python results/summarize.py $OUT/*-eval.json | tee $OUT/summary.md
+fail=0; for p in "${pids[@]}"; do wait $p || fail=1; done
+[ $fail = 0 ] || { echo "an evaluation failed: see the <run>-test.log files in $OUT"; exit 1; }
+python results/summarize.py "${EVALS[@]}" | tee $OUT/$NAME-summary.md
