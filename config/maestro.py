@@ -15,6 +15,10 @@ dataset = "maestro"
 pos_emb = "pope"
 pope_delta_init = "uniform"
 n_layer, n_head, n_embd = 6, 8, 384
+# head dim 48, which the PoPE Triton kernel does not take (32, 64, 128): PoPE runs model.py's PyTorch
+# path either way. "torch" says so in the log's attention line; "auto" would find it out in every
+# attention call on CUDA, where its warnings.warn breaks a torch.compile graph (one per layer).
+attn_impl = "torch"
 block_size = 2048
 dropout = 0.1
 batch_size = 16

@@ -123,3 +123,17 @@ def test_the_common_module_says_what_it_is_when_run():
     r = subprocess.run([sys.executable, str(REPO / "prepare" / "common.py"), "--help"],
                        capture_output=True, text=True, timeout=120, cwd="/")
     assert r.returncode == 0 and r.stdout.startswith("usage: ") and "a module, not a script" in r.stdout, r
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "config").glob("*.py")))
+def test_config_names_the_attention_that_runs(name):
+    """A PoPE config leaves attn_impl at "auto" only where the Triton kernel takes its head dim
+    (pope_kernel.kernel_unsupported_reason: 32, 64 or 128); elsewhere (MAESTRO's 384 / 8 = 48) it says
+    "torch": under "auto" model.py would warn in every attention call on CUDA, a break in a compiled graph."""
+    cfg, problems = train_config(REPO / "config" / f"{name}.py")
+    assert problems == [], problems
+    head_dim = cfg["n_embd"] // cfg["n_head"]
+    if cfg["pos_emb"] == "pope" and cfg["attn_impl"] == "auto":
+        assert head_dim in (32, 64, 128), f"config/{name}.py: head dim {head_dim} with attn_impl='auto'"
+    if name == "maestro":
+        assert (head_dim, cfg["attn_impl"]) == (48, "torch")
