@@ -272,7 +272,7 @@ class CausalSelfAttention(nn.Module):
         if self.pos_emb == "pope" and cache is None:  # training, evaluation: the kernel on CUDA, else the PyTorch path
             delta = pope_delta(self.delta, self.delta_bound)
             kernel, why = use_pope_kernel(self.attn_impl, q, k, v, delta)
-            if not kernel and q.is_cuda and self.attn_impl == "auto":  # (said once: Python's warnings filter)
+            if not kernel and q.is_cuda and self.attn_impl == "auto" and not torch.compiler.is_compiling():  # (once)
                 warnings.warn(f"PoPE Triton kernel not used ({why}); running the PyTorch path of model.py")
             y = pope_kernel.pope_attention(q, k, v, delta, self.theta) if kernel else \
                 pope_attention_torch(q, k, v, delta, base=self.pope_base)
