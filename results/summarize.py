@@ -128,15 +128,21 @@ def takeoff(paths, split, thresholds):
     print(table(["run"] + [f"first step, {split} acc > {t:g}%" for t in thresholds] + [f"last {split} acc %"], rows))
 
 
+def legend_names(paths):
+    """Each file's run name; where two files of a panel share one (seed1337-pope of two variants), each
+    prefixed with the folder its run folder is in (all-shift_token/seed1337-pope)."""
+    names = [run_name(p) for p in paths]
+    if len(set(names)) == len(names):
+        return names
+    return [f"{os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(p))))}/{n}" for p, n in zip(paths, names)]
+
+
 def plot(out, panels, split, metric, floor):
     """One panel per (title, files): the eval metric against step; PoPE solid, RoPE dashed, else dotted."""
     from matplotlib.figure import Figure  # optional: only --plot needs it
     fig = Figure(figsize=(6.5 * len(panels), 4.5))
     for ax, (title, paths) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
-        names = [run_name(p) for p in paths]
-        if len(set(names)) < len(names):  # the same run name from two folders: say which folder
-            names = [f"{os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(p))))}/{n}"
-                     for p, n in zip(paths, names)]
+        names = legend_names(paths)
         colours = sorted({re.sub(r"pope|rope|none", "", n) for n in names})  # one colour per folder and seed
         for p, name in zip(paths, names):
             ev = load(p)[0]

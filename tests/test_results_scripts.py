@@ -181,3 +181,14 @@ def test_results_scripts_name_only_configs_that_exist():
                 assert (REPO / name).is_file(), f"{script.name} names {name}, which does not exist"
                 checked += 1
     assert checked >= 11, checked  # (the command lines that name a config today: none goes unread)
+
+
+def test_plot_legend_names_say_the_folder_only_where_two_runs_share_a_name():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("summarize", REPO / "results" / "summarize.py")
+    s = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(s)
+    one = ["r/all/seed1337-pope/metrics.jsonl", "r/all/seed1337-rope/metrics.jsonl"]
+    assert s.legend_names(one) == ["seed1337-pope", "seed1337-rope"]
+    two = ["r/all-question_first/seed1337-pope/metrics.jsonl", "r/all-shift_token/seed1337-pope/metrics.jsonl"]
+    assert s.legend_names(two) == ["all-question_first/seed1337-pope", "all-shift_token/seed1337-pope"]
