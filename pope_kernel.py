@@ -949,10 +949,11 @@ def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART, COUNT, O, FREQ, DELTA,
         if FINAL:
             tl.store(O + b * sob + h * soh + offs_d * sod, _cast(acc / l, O.dtype.element_ty))
         else:
-            part = PART + bh * SPLITS * (HEAD_DIM + 2)
-            tl.store(part + split * (HEAD_DIM + 2) + offs_d, acc)
-            tl.store(part + split * (HEAD_DIM + 2) + HEAD_DIM, m)
-            tl.store(part + split * (HEAD_DIM + 2) + HEAD_DIM + 1, l)
+            part = PART + bh * SPLITS * (HEAD_DIM + 2)  # this pair's partials; this chunk's below
+            mine = part + split * (HEAD_DIM + 2)
+            tl.store(mine + offs_d, acc)
+            tl.store(mine + HEAD_DIM, m)
+            tl.store(mine + HEAD_DIM + 1, l)
             # every thread's partial stored before the count (the barrier), released with it; the count's
             # old value says whether this is the last of the chunks that ran (ran = chunks holding a key)
             tl.debug_barrier()

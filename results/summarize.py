@@ -143,12 +143,12 @@ def plot(out, panels, split, metric, floor):
     fig = Figure(figsize=(6.5 * len(panels), 4.5))
     for ax, (title, paths) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
         names = legend_names(paths)
-        colours = sorted({re.sub(r"pope|rope|none", "", n) for n in names})  # one colour per folder and seed
-        for p, name in zip(paths, names):
+        runs = [re.sub(r"pope|rope|none", "", n) for n in names]  # a name without its pos_emb: one colour each
+        colours = sorted(set(runs))
+        for p, name, run in zip(paths, names, runs):
             ev = load(p)[0]
             its = sorted(i for i in ev if split in ev[i])
-            ax.plot(its, [ev[i][split][metric] for i in its], label=name,
-                    color=f"C{colours.index(re.sub(r'pope|rope|none', '', name))}",
+            ax.plot(its, [ev[i][split][metric] for i in its], label=name, color=f"C{colours.index(run)}",
                     ls="-" if "pope" in name else "--" if "rope" in name else ":")
         if floor is not None:
             ax.axhline(floor, color="grey", lw=0.8, label=f"floor {floor:g}")
