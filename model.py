@@ -467,14 +467,14 @@ def cuda_graph(fn, compile, *state):
 
 
 def sample_next(logits, temperature=1.0, top_k=None, vocab_size=None):
-    """One id per row of logits (B, V), never >= vocab_size; greedy at temperature 0 or top_k 1. The draw, argmax(p / E)
-    with E ~ Exp(1), is torch.multinomial's without its checks, which wait for the GPU: a CUDA graph can hold it."""
-    logits = logits.float()
-    if vocab_size is not None and vocab_size < logits.size(-1):
-        logits[:, vocab_size:] = -float("inf")
+    """One id per row of logits (B, V), never >= vocab_size; greedy at temperature 0 or top_k 1. Gumbel-max: argmax(logits
+    / temperature - log E), E ~ Exp(1), draws from the softmax with no softmax and no host sync (a CUDA graph holds it)."""
+    logits = logits[:, :vocab_size]  # a view: the ids past vocab_size (padding rows) are never drawn
     if temperature == 0 or top_k == 1:
         return logits.argmax(dim=-1, keepdim=True)
-    if top_k is not None:
-        logits = logits.masked_fill(logits < torch.topk(logits, min(top_k, logits.size(-1)))[0][:, -1:], -float("inf"))
-    probs = F.softmax(logits / temperature, dim=-1)
-    return (probs / torch.empty_like(probs).exponential_().clamp_(min=1e-30)).argmax(dim=-1, keepdim=True)
+    ids = None
+    if top_k is not None and top_k < logits.size(-1):
+        logits, ids = torch.topk(logits, top_k)  # (B, k): the rest of the vocabulary is never looked at again
+    log_e = torch.empty(logits.shape, device=logits.device).exponential_().clamp_(min=1e-30).log_()
+    i = torch.add(logits, log_e, alpha=-temperature).argmax(dim=-1, keepdim=True)  # (T times the draw: same argmax)
+    return i if ids is None else ids.gather(-1, i)

@@ -212,21 +212,23 @@ def test_sampling_never_draws_padding_ids():
     assert out.max().item() < 37, f"seed {seed}"
 
 
-def test_sample_next_draws_from_the_tempered_top_k_softmax():
-    """40,000 draws from 6 logits at temperature 0.7, top_k 4, vocab_size 5:
-    each id's frequency within 5 standard errors of softmax(logits / 0.7) over
-    the 4 largest real ids; the others are never drawn. (Seeded: deterministic.)"""
-    torch.manual_seed(0)
+@pytest.mark.parametrize("top_k", [4, None])
+def test_sample_next_draws_from_the_tempered_top_k_softmax(top_k):
+    """40,000 draws from 6 logits at temperature 0.7, vocab_size 5, top_k 4 or none:
+    each id's frequency within 5 standard errors of softmax(logits / 0.7) over the
+    top_k largest real ids (all 5 without top_k); the others are never drawn."""
+    seed = 1000 + (top_k or 0)
+    torch.manual_seed(seed)
     logits = torch.tensor([[1.0, 0.2, -0.5, 2.0, 0.9, 9.0]])
     n = 40000
-    ids = sample_next(logits.repeat(n, 1), temperature=0.7, top_k=4, vocab_size=5)[:, 0]
+    ids = sample_next(logits.repeat(n, 1), temperature=0.7, top_k=top_k, vocab_size=5)[:, 0]
     counts = torch.bincount(ids, minlength=6).double() / n
     p = torch.zeros(6, dtype=torch.float64)
-    keep = [0, 1, 3, 4]  # the 4 largest among ids < 5
+    keep = [0, 1, 3, 4] if top_k else [0, 1, 2, 3, 4]  # the top_k largest among ids < 5
     p[keep] = torch.softmax(logits[0, keep].double() / 0.7, 0)
     sd = (p * (1 - p) / n).sqrt()
-    assert counts[[2, 5]].sum() == 0, counts
-    assert ((counts - p).abs() <= 5 * sd + 1e-12).all(), (counts, p)
+    assert counts[5] == 0 and (top_k is None or counts[2] == 0), (seed, counts)
+    assert ((counts - p).abs() <= 5 * sd + 1e-12).all(), (seed, counts, p)
     assert torch.equal(sample_next(logits, temperature=0.0, vocab_size=5), torch.tensor([[3]]))
 
 
