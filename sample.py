@@ -10,7 +10,10 @@ Usage:
 The prompt is written in the dataset's own format: GPT-2 text for
 openwebtext-style data; for the prepare/ formats their token names (see
 python prepare/NAME.py --help), e.g. "NZTUIGWkXFrhCJDzscat, N, +4, " for indirect
-indexing. The samples of one prompt are generated as one batch. Only ids of
+indexing, a DNA string for genome (left open: the model continues its contig).
+Without --start the prompt is the format's start of a piece (<s> for JSB,
+BOS_None for MAESTRO, a new contig for genome), else a newline.
+The samples of one prompt are generated as one batch. Only ids of
 the dataset's real vocabulary are ever sampled. --temperature=0 is greedy.
 --save=PREFIX writes each sample to PREFIX_<i> in the dataset's format (MIDI
 for music, .txt otherwise).
@@ -48,7 +51,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out_dir", default="out", help="folder holding ckpt.pt")
     p.add_argument("--ckpt", default=None, help="checkpoint path (default: out_dir/ckpt.pt)")
-    p.add_argument("--start", default="\n", help="prompt text, or FILE:path to read it from a file")
+    p.add_argument("--start", default=None, help="prompt text, or FILE:path to read it from a file (default: the "
+                   "dataset format's start of a piece: <s> for JSB, BOS_None for MAESTRO, a new contig for genome; "
+                   "else a newline)")
     p.add_argument("--num_samples", type=int, default=3, help="samples of the prompt, generated as one batch")
     p.add_argument("--max_new_tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
@@ -71,7 +76,7 @@ def main(argv=None):
         if not ok:
             die(msg)
     start = args.start
-    if start.startswith("FILE:"):  # read before the checkpoint: a wrong path fails at once
+    if start is not None and start.startswith("FILE:"):  # read before the checkpoint: a wrong path fails at once
         path = start[5:]
         try:
             with open(path, encoding="utf-8") as f:
@@ -129,10 +134,14 @@ def main(argv=None):
         sys.exit(f"error: {e}")
     if fmt is not None:  # the dataset's own token names, e.g. "<s> C5 G4 E4 C3" for JSB
         encode = (lambda s: fmt.encode(s, meta)) if hasattr(fmt, "encode") else encode  # noqa: E731
+        # a prompt is the start of a piece: a format that ends each piece with a marker leaves it open
+        encode = (lambda s: fmt.encode_prompt(s, meta)) if hasattr(fmt, "encode_prompt") else encode  # noqa: E731
         decode = (lambda ids: fmt.decode(ids, meta)) if hasattr(fmt, "decode") else decode  # noqa: E731
+    if start is None:  # the format's own start of a piece (JSB's <s>, MAESTRO's BOS), else a newline
+        start = getattr(fmt, "PROMPT", "\n")
 
     try:
-        ids = encode(start) if start else []
+        ids = encode(start)
     except (ValueError, KeyError, SystemExit) as e:
         sys.exit(f"error: cannot encode --start={start[:40]!r}: {e}")
     if not ids:

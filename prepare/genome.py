@@ -51,6 +51,7 @@ NAME = "genome"
 URL = "https://hgdownload.soe.ucsc.edu/goldenPath/hg38/bigZips/hg38.fa.gz"
 SPECIALS = ["<unk>", "<pad>", "<mask>", "<cls>", "<eos>", "<bos>"]
 EOS = SPECIALS.index("<eos>")
+PROMPT = ""  # sample.py's default prompt: nothing yet, so encode_prompt starts a new contig
 BASES = "ACGT"
 K = 6
 KMER0 = len(SPECIALS)                  # 6
@@ -104,6 +105,18 @@ def encode(seq, meta=None):
     """Any sequence string -> token ids as the prepared files hold them
     (every contig followed by <eos>; characters other than A/C/G/T break it)."""
     return tokenize(_LUT[np.frombuffer(seq.encode("ascii"), dtype=np.uint8)])[0].tolist()
+
+
+def encode_prompt(seq, meta=None):
+    """sample.py's prompt: the start of a contig, encoded as encode does but left open (no <eos> after its last
+    contig, which would tell the model that the contig ended; whitespace at its end is ignored, so a file's last
+    newline does not close it either). An empty prompt is [<eos>]: a new contig starts, as after any other."""
+    if not seq.strip():
+        return [EOS]
+    ids = encode(seq.rstrip(), meta)
+    if not ids:
+        raise ValueError("the prompt holds no A/C/G/T: give a DNA string (or none, for a new contig)")
+    return ids[:-1]
 
 
 def decode(ids, meta=None):

@@ -56,6 +56,7 @@ SOURCE_SPLITS = {"train": "train", "val": "valid", "test": "test"}
 NOTE_NAMES = ["C", "C#", "D", "D#", "E", "F", "F#", "G", "G#", "A", "A#", "B"]
 LOW, HIGH = 21, 108
 START, REST = 0, 1
+PROMPT = "<s>"  # sample.py's default prompt: the start of a row
 ITOS = ["<s>", "R"] + [f"{NOTE_NAMES[p % 12]}{p // 12 - 1}" for p in range(LOW, HIGH + 1)]
 VOICES = ("S", "A", "T", "B")
 

@@ -62,6 +62,7 @@ CSV_SPLITS = {"train": "train", "validation": "val", "test": "test"}
 VOCAB_SIZE = 328
 PITCH_LOW, PITCH_HIGH = 21, 109  # miditok's default piano range (inclusive)
 PAD, BOS, EOS = 0, 1, 2
+PROMPT = "BOS_None"  # sample.py's default prompt: the start of a piece
 
 _TOKENIZER = None
 

@@ -3,6 +3,7 @@ model: every cached logit is compared with a fresh forward over the whole
 sequence at the same absolute positions, in float64. The CUDA graph itself is
 captured only on a GPU: `python bench.py check` compares it with these eager
 steps token for token."""
+import importlib
 import math
 import os
 
@@ -253,6 +254,42 @@ def test_sample_py_crops_a_long_prompt_and_prints_its_timings(tmp_path):
     p = run_here(cmd + ["--decode=graph"], tmp_path, check=False)
     assert p.returncode == 1 and p.stderr.strip().splitlines() == [
         "error: --decode=graph replays a CUDA graph and needs a CUDA device; use --decode=eager on cpu"], p.stderr
+
+
+FORMATS = {  # format: (vocab size, meta itos or None, its start id, a prompt and the ids sample.py must give it)
+    "jsb": (90, None, 0, "<s> C5 G4", [0, 72 - 19, 67 - 19]),
+    "maestro": (8, ["PAD_None", "BOS_None", "EOS_None", "Bar_None", "Pitch_60", "Velocity_63", "Duration_1.0.8",
+                    "Position_0"], 1, "BOS_None Bar_None Pitch_60", [1, 3, 4]),
+    # the prompt's contig stays open: 6-mer ACGTAC, then G and T as single nucleotides, no <eos> after them
+    "genome": (4107, None, 4, "ACGTACGT\n", [6 + int("012301", 4), 4102 + 2, 4102 + 3]),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_sample_py_prompts_a_prepared_format_with_its_own_start(fmt, tmp_path, monkeypatch, capsys):
+    """sample.py on a checkpoint of a prepare/ format: without --start the prompt is the format's start of a piece
+    (JSB's <s>, MAESTRO's BOS, genome's <eos> before a new contig), not a newline that encodes to nothing; a given
+    prompt is encoded in the format, a genome prompt left open; a genome prompt with no A/C/G/T is a one-line error."""
+    import sample
+    V, itos, start_id, prompt, want = FORMATS[fmt]
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=V, attn_impl="torch"))
+    args = {k: getattr(m.config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "pos_emb")}
+    itos = itos or importlib.import_module("prepare." + fmt).ITOS  # (as prepare/<fmt>.py writes meta.json)
+    meta = {"vocab_size": V, "format": fmt, "itos": itos}
+    torch.save({"model": m.state_dict(), "model_args": args, "config": {}, "meta": meta}, tmp_path / "ckpt.pt")
+    prompts, generate = [], GPT.generate
+    monkeypatch.setattr(GPT, "generate", lambda self, idx, *a, **k: (prompts.append(idx.tolist()),
+                                                                    generate(self, idx, *a, **k))[1])
+    base = [f"--ckpt={tmp_path / 'ckpt.pt'}", "--device=cpu", "--num_samples=1", "--max_new_tokens=3"]
+    sample.main(base)
+    sample.main(base + [f"--start={prompt}"])
+    assert prompts == [[[start_id]], [want]], (fmt, prompts)
+    assert capsys.readouterr().out.count("---------------") == 2
+    if fmt == "genome":
+        with pytest.raises(SystemExit) as e:
+            sample.main(base + ["--start=hello"])
+        assert str(e.value.code).startswith("error: cannot encode --start='hello': the prompt holds no A/C/G/T")
 
 
 def test_the_model_attention_equals_the_loop_reference():
