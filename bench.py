@@ -248,30 +248,29 @@ def host(B=8, H=12, T=1024, D=64, n=50):
         print(f"# cProfile, {n} calls of {name}: top 30 by own time")
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(30)
     paths = leaves = q = k = v = None
-    models = {pe: random_gpt(pe, 1024, std=0.02) for pe in ("pope", "rope")}
-    prompt = torch.randint(0, 50257, (1, 900), device="cuda")
-    with torch.autocast("cuda", torch.bfloat16):
-        for m in models.values():
-            m.generate(prompt, 3)  # (compiles the decoding kernel for this shape)
-        rates = {pe: [] for pe in models}
-        for _ in range(3):  # PoPE and RoPE in turn: a drift of the GPU's or host's state hits both alike
-            for pe, m in models.items():
-                times = {}
-                m.generate(prompt, 101, times=times)
-                rates[pe].append(100 / times["decode"])
-        for pe, r in rates.items():
-            print(f"# eager decoding, 124M {pe}, batch 1, context 1024, 100 tokens, 3 turns: "
-                  f"{' / '.join(f'{x:.0f}' for x in r)} tok/s", flush=True)
-        model = models["pope"]
-        prof = cProfile.Profile()
-        prof.enable()
-        model.generate(prompt, 40)
-        prof.disable()
+    models = {pe: random_gpt(pe, 1024, std=0.02).cast_weights_(torch.bfloat16) for pe in ("pope", "rope")}
+    prompt = torch.randint(0, 50257, (1, 900), device="cuda")  # (bf16 weights, no autocast: sample.py's default)
+    for m in models.values():
+        m.generate(prompt, 3)  # (compiles the decoding kernel for this shape)
+    rates = {pe: [] for pe in models}
+    for _ in range(3):  # PoPE and RoPE in turn: a drift of the GPU's or host's state hits both alike
+        for pe, m in models.items():
+            times = {}
+            m.generate(prompt, 101, times=times)
+            rates[pe].append(100 / times["decode"])
+    for pe, r in rates.items():
+        print(f"# eager decoding, 124M {pe}, bf16 weights, batch 1, context 1024, 100 tokens, 3 turns: "
+              f"{' / '.join(f'{x:.0f}' for x in r)} tok/s", flush=True)
+    model = models["pope"]
+    prof = cProfile.Profile()
+    prof.enable()
+    model.generate(prompt, 40)
+    prof.disable()
     print("# cProfile, eager decoding of 40 tokens (one prefill): top 30 by own time")
     pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(30)
     # the GPU's side of a one-token step (a CUDA graph replays these kernels): kernels by name, count, time
     from torch.profiler import ProfilerActivity, profile
-    with torch.autocast("cuda", torch.bfloat16), profile(activities=[ProfilerActivity.CUDA]) as p:
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
         model.generate(prompt, 11)
     print("# CUDA kernels of eager decoding: a prefill and 10 one-token steps, totals")
     print(p.key_averages().table(sort_by="cuda_time_total", row_limit=25))
@@ -445,10 +444,11 @@ def decode_kernel_check():
 def decode_check():
     """The decoding kernel against float64 (decode_kernel_check) and, turning raw q and k, against
     the PyTorch path (a cached step's logits); then greedy decoding on a CUDA graph (and compiled)
-    against eager decoding, bf16 autocast, both on that kernel: the same tokens, token for token.
+    against eager decoding, both on that kernel, under bf16 autocast and then with the weights in bf16
+    (sample.py's default): the same tokens, token for token.
     Positions run past block_size (context 2x) and past the context (each token from the last
     `context` tokens). Sampling on the graph draws only real ids."""
-    header("decoding: the one-token kernel; CUDA graph vs eager, greedy, bf16 autocast")
+    header("decoding: the one-token kernel; CUDA graph vs eager, greedy, bf16 autocast and bf16 weights")
     ok = decode_kernel_check()
     for pos_emb in ("pope", "rope"):
         # std 0.3: at 0.1 PoPE's greedy bf16 output fell into a 3-id loop (H200, 2026-12-01), too weak a check
@@ -477,9 +477,11 @@ def decode_check():
         print(f"{'ok ' if good else 'BAD'} {pos_emb}: a cached step's logits, the kernel (q and k turned in it) vs the "
               f"PyTorch path in float32: rel err {err32:.1e} (< 1e-4 required); in bf16 against those float32 logits: "
               f"kernel {err_kernel:.1e}, PyTorch path {err_torch:.1e} (kernel <= 1.25x required)", flush=True)
-        for B in (1, 4):
+        for dtype, B in (("autocast", 1), ("autocast", 4), ("bfloat16", 1), ("bfloat16", 4)):
+            if dtype == "bfloat16" and B == 1:
+                model.cast_weights_(torch.bfloat16)  # (in place: after the autocast runs)
             prompt = torch.randint(0, 500, (B, 100), device="cuda", generator=torch.Generator("cuda").manual_seed(B))
-            with torch.autocast("cuda", torch.bfloat16):
+            with torch.autocast("cuda", torch.bfloat16, enabled=dtype == "autocast"):
                 runs = {mode: model.generate(prompt, 220, temperature=0.0, vocab_size=500, context=256, mode=mode)
                         for mode in ("eager", "graph") + (("compile",) if B == 4 else ())}
                 sampled = model.generate(prompt, 220, temperature=0.8, top_k=50, vocab_size=500, context=256,
@@ -488,8 +490,8 @@ def decode_check():
             varied = runs["eager"][:, 100:].unique().numel()
             good = same and varied >= 5 and sampled.max().item() < 500  # (>= 5 ids: not a degenerate loop)
             ok &= good
-            line = (f"{'ok ' if good else 'BAD'} {pos_emb} B={B}: graph == eager for {B} x 220 new tokens: {same} "
-                    f"({varied} distinct ids); sampled on the graph, all ids < 500: {sampled.max().item() < 500}")
+            line = (f"{'ok ' if good else 'BAD'} {pos_emb} {dtype} B={B}: graph == eager for {B} x 220 new tokens: "
+                    f"{same} ({varied} distinct ids); sampled on the graph, all ids < 500: {sampled.max().item() < 500}")
             if "compile" in runs:  # compiled kernels round differently: agreement is reported, not required
                 agree = (runs["compile"] == runs["eager"]).float().mean().item()
                 line += f"; compiled: tokens equal to eager {agree:.1%}"
@@ -543,42 +545,47 @@ def train_graph_check(steps=20, device="cuda", graphed=("--cuda_graph=True",), p
     return ok
 
 
-def sample_bench(modes=("eager", "graph", "compile"), json_path=None):
-    """Decoding speed of the 124M model (random weights), bf16 autocast, B = 1
-    and 8, PoPE and RoPE, at context 1024 and 8192 (block_size = context): the
+def sample_bench(modes=("eager", "graph", "compile"), json_path=None, dtypes=("bfloat16", "autocast")):
+    """Decoding speed of the 124M model (random weights), B = 1 and 8, PoPE and RoPE,
+    at context 1024 and 8192 (block_size = context), with bf16 weights (sample.py's
+    default) and with float32 weights under bf16 autocast (train.py's numerics): the
     prompt fills the context but for the new tokens, so steps run at its end.
     tok/s are new tokens of all rows per second in steady state: the decode
     time of generate(times=...), prefill and capture/compilation excluded (eager
     decoding is warmed up by a 16-token call first, for Triton's compilation)."""
-    header("decoding, 124M, random weights, bf16 autocast, steady-state tok/s (all rows)")
+    header("decoding, 124M, random weights, steady-state tok/s (all rows)")
     n_new = {"eager": 64, "graph": 128, "compile": 128}
     cols = " | ".join(f"{m} tok/s" for m in modes)
-    print(f"| model | context | B | prefill ms | {cols} | capture s (graph / compile) | cache bytes/token |")
-    print("|---|---:|---:|---:|" + "---:|" * len(modes) + "---:|---:|", flush=True)
+    print(f"| model | weights | context | B | prefill ms | {cols} | capture s (graph / compile) | cache bytes/token |")
+    print("|---|---|---:|---:|---:|" + "---:|" * len(modes) + "---:|---:|", flush=True)
     rows, t_start = [], time.perf_counter()
     for pos_emb in ("pope", "rope"):
         for T in (1024, 8192):
             model = random_gpt(pos_emb, T, std=0.02)
             cfg = model.config
             bytes_tok = cfg.n_layer * cfg.n_embd * 2 * 2  # (PoPE on the decoding kernel: magnitudes, as RoPE's keys)
-            for B in (1, 8):
-                row = dict(model=pos_emb, context=T, batch=B, cache_bytes_per_token=bytes_tok)
-                for mode in modes:
-                    n = n_new[mode]
-                    prompt = torch.randint(0, 50257, (B, T - n), device="cuda")
-                    times = {}
-                    with torch.autocast("cuda", torch.bfloat16):
-                        if mode == "eager":  # Triton compiles the decoding kernel at its first step for a shape
-                            model.generate(prompt, 16, mode=mode)  # (graph, compile: in their capture time)
-                        model.generate(prompt, n, temperature=1.0, top_k=200, vocab_size=50257, mode=mode, times=times)
-                    row[f"{mode}_tok_s"] = B * (n - 1) / times["decode"]
-                    row[f"{mode}_capture_s"] = times["capture"]
-                    row["prefill_ms"] = times["prefill"] * 1e3
-                rows.append(row)
-                caps = " / ".join(f"{row[f'{m}_capture_s']:.1f}" for m in ("graph", "compile") if m in modes)
-                print(f"| {pos_emb} | {T} | {B} | {row['prefill_ms']:,.0f} | "
-                      + " | ".join(f"{row[f'{m}_tok_s']:,.0f}" for m in modes)
-                      + f" | {caps or '-'} | {bytes_tok:,} |", flush=True)
+            for dtype in sorted(dtypes):  # (autocast first: the bf16 cast is in place)
+                if dtype == "bfloat16":
+                    model.cast_weights_(torch.bfloat16)
+                for B in (1, 8):
+                    row = dict(model=pos_emb, weights=dtype, context=T, batch=B, cache_bytes_per_token=bytes_tok)
+                    for mode in modes:
+                        n = n_new[mode]
+                        prompt = torch.randint(0, 50257, (B, T - n), device="cuda")
+                        times = {}
+                        with torch.autocast("cuda", torch.bfloat16, enabled=dtype == "autocast"):
+                            if mode == "eager":  # Triton compiles the decoding kernel at its first step for a shape
+                                model.generate(prompt, 16, mode=mode)  # (graph, compile: in their capture time)
+                            model.generate(prompt, n, temperature=1.0, top_k=200, vocab_size=50257, mode=mode,
+                                           times=times)
+                        row[f"{mode}_tok_s"] = B * (n - 1) / times["decode"]
+                        row[f"{mode}_capture_s"] = times["capture"]
+                        row["prefill_ms"] = times["prefill"] * 1e3
+                    rows.append(row)
+                    caps = " / ".join(f"{row[f'{m}_capture_s']:.1f}" for m in ("graph", "compile") if m in modes)
+                    print(f"| {pos_emb} | {dtype} | {T} | {B} | {row['prefill_ms']:,.0f} | "
+                          + " | ".join(f"{row[f'{m}_tok_s']:,.0f}" for m in modes)
+                          + f" | {caps or '-'} | {bytes_tok:,} |", flush=True)
             model = None
             torch.cuda.empty_cache()
     print(f"# {time.perf_counter() - t_start:.0f} s", flush=True)
@@ -589,8 +596,9 @@ def sample_bench(modes=("eager", "graph", "compile"), json_path=None):
 def sample_cli(json_path=None):
     """What a user sees: fresh `python sample.py` processes on a 124M checkpoint
     of random weights (one character per token id, so no tokenizer is needed),
-    batch 1: the default (a CUDA graph) for 200 and 1000 new tokens, and
-    --compile for 1000; wall time of the whole process and the rates it prints."""
+    batch 1: the default (a CUDA graph, bf16 weights) for 200 and 1000 new tokens,
+    and --compile and --dtype=autocast for 1000; wall time of the whole process
+    and the rates it prints."""
     header("python sample.py in a fresh process, 124M, random weights, batch 1")
     rows = []
     with tempfile.TemporaryDirectory() as d:
@@ -601,7 +609,7 @@ def sample_cli(json_path=None):
                     "meta": {"vocab_size": 50257, "itos": itos}}
             torch.save(ckpt, os.path.join(d, f"{pos_emb}.pt"))
             model = None
-            for n, extra in ((200, []), (1000, []), (1000, ["--compile"])):
+            for n, extra in ((200, []), (1000, []), (1000, ["--compile"]), (1000, ["--dtype=autocast"])):
                 t0 = time.perf_counter()
                 r = subprocess.run([sys.executable, "sample.py", f"--ckpt={d}/{pos_emb}.pt", f"--max_new_tokens={n}",
                                     "--num_samples=1", "--start=" + "".join(itos[:20])] + extra,

@@ -343,6 +343,14 @@ class GPT(nn.Module):
             for block in self.transformer.h:
                 block.attn.delta.clamp_(-TWO_PI, 0.0)
 
+    def cast_weights_(self, dtype):
+        """The matmuls', embedding's and norms' weights in dtype, for decoding without autocast (no casts at every step,
+        the residual stream in dtype); PoPE's delta and the frequencies stay float32: a phase needs their bits."""
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding, nn.RMSNorm)):
+                m.to(dtype)
+        return self
+
     def get_num_params(self):
         """Parameter count (the tied embedding counted once; there is no position table)."""
         return sum(p.numel() for p in self.parameters())

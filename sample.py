@@ -6,6 +6,7 @@ Usage:
                      [--num_samples=3] [--max_new_tokens=200] [--temperature=0.8]
                      [--top_k=200] [--seed=1337] [--device=auto] [--context=N]
                      [--decode=auto|eager|graph|compile] [--compile] [--save=samples/x]
+                     [--dtype=auto|bfloat16|float32|autocast]
 
 The prompt is written in the dataset's own format: GPT-2 text for
 openwebtext-style data; for the prepare/ formats their token names (see
@@ -26,6 +27,9 @@ further token is computed from the last --context tokens from scratch (slow).
 --decode: "graph" (the default on CUDA) captures the one-token step once as a
 CUDA graph and replays it; "compile" (or --compile) runs torch.compile on it
 first (tens of seconds); "eager" (the default on the CPU) calls it from Python.
+--dtype: on CUDA the weights and activations are bf16 by default (PoPE's δ and the
+frequencies stay float32); --dtype=autocast computes as train.py does (bf16 matmuls
+over float32 weights), at the cost of casts at every step.
 Samples go to stdout; on stderr: the decoding setup, prefill time, time to the
 first token, capture time and the decode rate without them.
 """
@@ -66,6 +70,10 @@ def main(argv=None):
                    help="auto: graph on CUDA, eager on the CPU; graph: replay the one-token step as a CUDA graph; "
                         "compile: torch.compile it first")
     p.add_argument("--compile", action="store_true", help="the same as --decode=compile")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "autocast"],
+                   help="auto: bfloat16 on CUDA, float32 on the CPU; bfloat16: the weights (PoPE's delta and the "
+                        "frequencies stay float32) and activations in bf16; autocast: bf16 matmuls over float32 "
+                        "weights and residual stream, as train.py computes (slower: casts at every step)")
     p.add_argument("--save", default=None, help="path prefix: also write each sample to PREFIX_<i> in its format")
     args = p.parse_args(argv)
     for ok, msg in ((args.num_samples >= 1, "--num_samples must be >= 1"),
@@ -156,15 +164,18 @@ def main(argv=None):
               f"token is computed from the last {context} tokens from scratch (slow); --context=N holds more",
               file=sys.stderr)
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :].repeat(args.num_samples, 1)
+    dtype = ("bfloat16" if device.startswith("cuda") else "float32") if args.dtype == "auto" else args.dtype
+    if dtype != "autocast":  # (the checkpoint's weights are float32)
+        model.cast_weights_(getattr(torch, dtype))
     # which form the cache keeps PoPE's keys in: KVCache's own rule, asked of a one-slot cache
-    mu = KVCache(model, 1, 1, torch.bfloat16 if device.startswith("cuda") else model.lm_head.weight.dtype).mu
+    mu = KVCache(model, 1, 1, torch.bfloat16 if dtype == "autocast" else model.lm_head.weight.dtype).mu
     keys = ("PoPE keys as magnitudes, their phases made by the decoding kernel" if mu else "PoPE keys in Cartesian "
             "form") if model.config.pos_emb == "pope" else f"{model.config.pos_emb} keys"
-    print(f"decoding: {mode}, static KV cache of {context} positions (block_size {model.config.block_size}), "
-          f"{keys}; prefill attention: SDPA", file=sys.stderr)
+    print(f"decoding: {mode}, {'bf16 autocast' if dtype == 'autocast' else dtype}, static KV cache of {context} "
+          f"positions (block_size {model.config.block_size}), {keys}; prefill attention: SDPA", file=sys.stderr)
     if device.startswith("cuda:"):
         torch.cuda.set_device(device)  # the CUDA graph is captured on the current device's streams
-    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
+    ctx = torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if dtype == "autocast" else nullcontext()
     times = {}
     with ctx:
         t0 = time.perf_counter()
