@@ -486,3 +486,7 @@ def sample_next(logits, temperature=1.0, top_k=None, vocab_size=None):
     log_e = torch.empty(logits.shape, device=logits.device).exponential_().clamp_(min=1e-30).log_()
     i = torch.add(logits, log_e, alpha=-temperature).argmax(dim=-1, keepdim=True)  # (T times the draw: same argmax)
     return i if ids is None else ids.gather(-1, i)
+
+
+if __name__ == "__main__":  # (a module: run, it only says what it is)
+    print(__doc__.strip() + "\n\n(model.py is a module: train.py, sample.py and the eval scripts import it)")

@@ -1089,3 +1089,7 @@ def _decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch
 @_decode_op.register_fake
 def _(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, turn, splits, block_n, counts):
     return v_cache.new_empty((*k_cache.shape[:2], 1, v_cache.size(-1)))
+
+
+if __name__ == "__main__":  # (a module: run, it only says what it is)
+    print(__doc__.strip() + "\n\n(pope_kernel.py is a module: model.py imports it; bench.py measures it)")

@@ -67,9 +67,9 @@ def main(argv=None):
     p.add_argument("--context", type=int, default=None,
                    help="positions the KV cache holds (default: block_size); past block_size, positions count on")
     p.add_argument("--decode", default="auto", choices=["auto", "eager", "graph", "compile"],
-                   help="auto: graph on CUDA, eager on the CPU; graph: replay the one-token step as a CUDA graph; "
-                        "compile: torch.compile it first")
-    p.add_argument("--compile", action="store_true", help="the same as --decode=compile")
+                   help="auto: graph on CUDA, eager on the CPU; graph (CUDA): replay the one-token step as a CUDA "
+                        "graph; compile (CUDA): torch.compile it, then the graph")
+    p.add_argument("--compile", action="store_true", help="the same as --decode=compile (CUDA)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "autocast"],
                    help="auto: bfloat16 on CUDA, float32 on the CPU; bfloat16: the weights (PoPE's delta and the "
                         "frequencies stay float32) and activations in bf16; autocast: bf16 matmuls over float32 "
@@ -203,8 +203,9 @@ def main(argv=None):
     if n > 0:
         print(f"decode: {B} x {n} tokens in {times['decode']:.2f} s: {B * n / times['decode']:,.1f} tokens/s "
               f"(batch {B}; prefill and capture excluded)", file=sys.stderr)
-    print(f"total: {B * (n + 1):,} new tokens in {dt:.2f} s, {time.perf_counter() - T_START:.1f} s since start",
-          file=sys.stderr)
+    total = B * (n + 1)
+    print(f"total: {total:,} new token{'s' * (total > 1)} in {dt:.2f} s, "
+          f"{time.perf_counter() - T_START:.1f} s since start", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 relative-position invariance, causality, optimizer groups, the FLOP count
 (decoding: test_decode.py). Every random input is seeded; failures name the seed."""
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -249,3 +252,13 @@ def test_checkpoint_without_delta_bound_loads_with_the_clamp(tmp_path):
     assert loaded.config.pope_delta_bound == "clamp" and GPTConfig().pope_delta_bound == "wrap"
     torch.save({"model": model.state_dict(), "model_args": {**args, "pope_delta_bound": "wrap"}}, tmp_path / "new.pt")
     assert load_checkpoint(str(tmp_path / "new.pt"))[0].config.pope_delta_bound == "wrap"
+
+
+@pytest.mark.parametrize("name", ["model", "pope_kernel"])
+def test_the_modules_say_what_they_are_when_run(name):
+    """python model.py --help (and pope_kernel.py): the module's docstring and that it is a module, not silence."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, os.path.join(root, f"{name}.py"), "--help"], capture_output=True, text=True,
+                       timeout=300, cwd=root)
+    first = {"model": "A GPT language model with a switch", "pope_kernel": "PoPE attention as one fused Triton"}[name]
+    assert r.returncode == 0 and r.stdout.startswith(first) and f"({name}.py is a module" in r.stdout, r
