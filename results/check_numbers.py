@@ -22,8 +22,8 @@ What counts as a number (a simple rule; a person reads the rows):
   dates, commit hashes (7+ hex characters or digits), versions (1.2.3), arXiv ids, numbers inside names (H200, sm_90,
   GPT-2, 2π, 5e-3, 20-token); settings: sizes with k/M/B/G (124M, 100k), an integer followed by × (10×), products
   (32 × 512), assignments (s = 4), seed and section numbers (seeds 1337 / 1338, §7, sections 3, 4 and 7), a number
-  after a setting's name (batch 64, lr, dropout 0.3, β2 0.99, clip, decay, dim, base, context 1024) or before a
-  setting's noun (6 layers, 8 heads, 384 wide, 1,200 steps, 500 iterations, 2048 tokens), and integers below 10
+  after a setting's name (batch 64, lr, dropout 0.3, β2 0.99, clip, decay, dim, base, context 1024, vocab 50,257)
+  or before a setting's noun (6 layers, 8 heads, 384 wide, 1,200 steps, 500 iterations, 2048 tokens), and integers below 10
   without % or × (counts).
 """
 
@@ -43,7 +43,8 @@ BLANK = [r"`[^`\n]*`", r"\]\([^)\n]*\)", r"\b\d{4}-\d{2}-\d{2}\b", r"\b\d+\.\d+\
          r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b", r"\b\d{7,}\b",
          r"(?i)\b(?:seeds?|sections?|§)\s*\d+(?:\s*(?:,|/|and|or|–)\s*\d+)*", r"§\d+", r"=\s*\d[\d.]*",
          r"\d[\d,.]*\s*×\s*\d[\d,.]*(?:\s*×\s*\d[\d,.]*)*",
-         r"(?i)\b(?:batch|lr|dropout|β[12]|clip|decay|dim|base|context)\s+\d[\d,.]*(?<!\.)"]
+         r"(?i)\b(?:batch|lr|dropout|β[12]|clip|decay|dim|base|context)\s+\d[\d,.]*(?<!\.)",
+         r"(?i)\bvocab(?:ular(?:y|ies))?\s+(?:of\s+|over\s+)?\d[\d,.]*(?<!\.)"]
 SETTING = re.compile(r"\s*(?:layers?|heads?|wide|seeds?|GPUs?|H200s?|steps?|iterations?|iters|warmup|epochs?|"
                      r"chorales|examples|tokens?|rows?|passes|micro-steps|ranks?)\b")
 
