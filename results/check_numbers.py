@@ -23,8 +23,8 @@ What counts as a number (a simple rule; a person reads the rows):
   GPT-2, 2π, 5e-3, 20-token); settings: sizes with k/M/B/G (124M, 100k), an integer followed by × (10×), products
   (32 × 512), assignments (s = 4), seed and section numbers (seeds 1337 / 1338, §7, sections 3, 4 and 7), a number
   after a setting's name (batch 64, lr, dropout 0.3, β2 0.99, clip, decay, dim, base, context 1024, vocab 50,257)
-  or before a setting's noun (6 layers, 8 heads, 384 wide, 1,200 steps, 500 iterations, 2048 tokens), and integers below 10
-  without % or × (counts).
+  or before a setting's noun (6 layers, 8 heads, 384 wide, 1,200 steps, 500 iterations, 2048 tokens), and integers
+  below 10 without % or × (counts).
 """
 
 import argparse
