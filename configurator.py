@@ -14,8 +14,12 @@ fine-tuned run. train.py calls, in order:
 Every refusal is one line, `error: ...` (sys.exit), naming the problem and the fix.
 The checkpoint readers are here too (section "checkpoints"): sample.py and the eval
 scripts call load_checkpoint(path, device) -> (model in eval mode, checkpoint dict).
+
+Usage: a module, not a script: `from configurator import configure, load_checkpoint, ...`
+(train.py, sample.py and the eval scripts do); `python configurator.py --help` prints this.
 """
 
+import argparse
 import ast
 import dataclasses
 import difflib
@@ -33,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from model import GPT, GPTConfig
-from prepare.common import PrepareError, checkpoint_error, data_changes, lock_folder
+from prepare.common import REPO_ROOT, PrepareError, checkpoint_error, data_changes, lock_folder
 
 MODEL_KEYS = [f.name for f in dataclasses.fields(GPTConfig) if f.name != "vocab_size"]  # (the data sets the vocabulary)
 RESUME_MAY_CHANGE = ("attn_impl", "dropout")  # model keys a resumed run may set anew
@@ -58,6 +62,9 @@ def configure(argv, defaults, doc=""):
         if type(val) is not want:
             sys.exit(f"error: config key '{key}' ({where}) must be {want.__name__} "
                      f"(default {defaults[key]!r}), got {type(val).__name__} {val!r}")
+        if want is str and not val.strip() and defaults[key].strip():  # --out_dir= : a path or a name, never ''
+            sys.exit(f"error: config key '{key}' ({where}) is empty; give it a value, e.g. --{key}={defaults[key]} "
+                     "(the default), or leave it out")
         cfg[key] = val
         given.add(key)
 
@@ -70,7 +77,11 @@ def configure(argv, defaults, doc=""):
             sys.exit(0)
         if not arg.startswith("--"):
             if not os.path.isfile(arg):
-                sys.exit(f"error: config file {arg} not found (configs live in config/)")
+                in_repo = not os.path.isabs(arg) and os.path.isfile(REPO_ROOT / arg)
+                sys.exit(f"error: config file {arg} not found" + (
+                    f": paths are relative to the current directory ({os.getcwd()}); it exists in {REPO_ROOT}: "
+                    f"run from the repository root or pass {REPO_ROOT / arg}" if in_repo
+                    else " (configs live in config/)"))
             scope = {}
             try:
                 exec(compile(open(arg).read(), arg, "exec"), {}, scope)
@@ -344,3 +355,9 @@ def load_checkpoint(path, device="cpu", **overrides):
     model = GPT(GPTConfig(**{**checkpoint_model_args(ckpt, path), **overrides}))
     model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
     return model.to(device).eval(), ckpt
+
+
+if __name__ == "__main__":  # (a module: run, it only says what it is)
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    print("configurator.py is a module imported by train.py, sample.py and the eval scripts; see --help",
+          file=sys.stderr)

@@ -38,7 +38,7 @@ from tqdm import tqdm
 from configurator import (check_resume_data, claim_out_dir, config_problems, configure, load_weights, log_file,
                           model_args, resume_config, rng_states, set_rng_states)
 from model import GPT, GPTConfig, kernel_unsupported_reason
-from prepare.common import Data, PrepareError, make_gen, unlock_folder, write_atomic, write_json
+from prepare.common import REPO_ROOT, Data, PrepareError, make_gen, unlock_folder, write_atomic, write_json
 
 # -----------------------------------------------------------------------------
 # defaults: the paper's OpenWebText setup at 124M (RMSNorm, head dim 64, batch
@@ -302,14 +302,32 @@ def main(argv):
     master, accum, device_type = rank == 0, cfg["gradient_accumulation_steps"] // world, dev.split(":")[0]
     resume = cfg["init_from"] == "resume"
     saved = resume  # out_dir's checkpoint is this run's (a resume, or once it saved)
+    if master and not cfg["eval_only"] and cfg["max_iters"] < cfg["warmup_iters"]:
+        print(f"warning: max_iters={cfg['max_iters']} < warmup_iters={cfg['warmup_iters']}: the run ends inside its "
+              f"warm-up and never reaches learning_rate={cfg['learning_rate']:g}; pass a smaller --warmup_iters "
+              "(and --lr_decay_iters=max_iters to decay within the run)")
 
     # data (checked before anything is written) and the run's folder
     splits = [s for s in cfg["eval_splits"].split(",") if s]
+    data_path = os.path.join(cfg["data_dir"], cfg["dataset"])
+    in_repo = REPO_ROOT / data_path
+    if not os.path.isabs(data_path) and not os.path.isdir(data_path) and in_repo.is_dir():  # data_dir is cwd-relative
+        sys.exit(f"error: dataset folder {data_path} not found under ./{cfg['data_dir']} (paths are relative to the "
+                 f"current directory, {os.getcwd()}); it exists in {REPO_ROOT / cfg['data_dir']}: run from the "
+                 f"repository root or pass --data_dir={REPO_ROOT / cfg['data_dir']}")
+    read = sorted(set(splits) | ({"train"} if not cfg["eval_only"] else set()), key=("train", "val", "test").index)
     try:
-        data = Data(os.path.join(cfg["data_dir"], cfg["dataset"]), cfg["block_size"],
-                    sorted(set(splits) | ({"train"} if not cfg["eval_only"] else set())))
+        data = Data(data_path, cfg["block_size"], read)
     except PrepareError as e:
         sys.exit(f"error: {e}")
+    if master:  # which data this run reads: a config's dataset is easy to overlook in a fine-tune
+        sizes = ", ".join(f"{s} {len(data.arrays(s)[0]):,}" + " tokens" * (i == 0)
+                          for i, s in enumerate(read))
+        print(f"data: {data_path} ({sizes})")
+        src = ckpt.get("config", {}).get("dataset") if ckpt is not None and not resume else None
+        if src is not None and src != cfg["dataset"]:
+            print(f"warning: {cfg['init_from']} was trained on dataset '{src}'; this fine-tune trains on "
+                  f"'{cfg['dataset']}' ({data_path}); pass --dataset={src} if that is not what you meant")
     out_dir, ckpt_path, log_path = cfg["out_dir"], os.path.join(cfg["out_dir"], "ckpt.pt"), log_file(cfg)
     check_resume_data(cfg, ckpt, data, master)
 
@@ -370,7 +388,7 @@ def main(argv):
                  f"Nothing was saved; the last checkpoint in {out_dir} is untouched")
 
     t0, it0, it_start = time.time(), iter_num, iter_num  # it0: first iteration of the timing window
-    running_mfu, timed_s, timed_iters = -1.0, 0.0, 0  # the ETA's rate: the mean step time, evals and warm-up left out
+    running_mfu, timed_s, timed_iters = -1.0, 0.0, 0  # the ETA's rate: mean step time, evals and first step left out
     while True:
         lr = get_lr(iter_num, cfg)
         if graphed is None:
@@ -418,18 +436,20 @@ def main(argv):
                 diverged("the training loss")
             t1 = time.time()
             dt_iter = (t1 - t0) / (iter_num - it0 + 1)
-            if iter_num > it_start:  # the first window holds compile and warm-up
+            warm = it0 > it_start  # the window holding the run's first step holds compile and warm-up too
+            if warm:
                 timed_s, timed_iters = timed_s + t1 - t0, timed_iters + iter_num - it0 + 1
             t0, it0 = t1, iter_num + 1
             if master:
                 tok_s = tokens_per_iter / dt_iter
-                if iter_num > it_start and device_type == "cuda":  # MFU against a GPU's peak: CUDA only
+                if warm and device_type == "cuda":  # MFU against a GPU's peak: CUDA only
                     mfu = raw_model.estimate_mfu(cfg["batch_size"] * accum * world, dt_iter, cfg["peak_flops"])
                     running_mfu = mfu if running_mfu < 0 else 0.9 * running_mfu + 0.1 * mfu
-                eta = (cfg["max_iters"] - iter_num) * (timed_s / timed_iters if timed_iters else dt_iter)
+                # no rate yet before a window without the first step: "?" rather than minutes of compile x max_iters
+                eta = f"{(cfg['max_iters'] - iter_num) * timed_s / timed_iters / 60:.1f}" if timed_iters else "?"
                 mfu_s = f", mfu {max(running_mfu, 0) * 100:.2f}%" if device_type == "cuda" else ""
                 print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.3e}, {dt_iter * 1000:.1f} ms, "
-                      f"{tok_s:,.0f} tok/s{mfu_s}, eta {eta / 60:.1f} min")
+                      f"{tok_s:,.0f} tok/s{mfu_s}, eta {eta} min")
                 log({"iter": iter_num, "loss": lossf, "lr": lr, "dt_ms": dt_iter * 1000, "tok_per_s": tok_s,
                      **({"mfu": running_mfu} if device_type == "cuda" else {}), "time": t1})
         iter_num += 1

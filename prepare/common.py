@@ -366,6 +366,19 @@ DOWNLOADS = "raw"
 DATASET_FILES = frozenset(["meta.json"] + [f"{s}{x}.bin" for s in SPLITS for x in ("", "_mask")])
 
 
+def _alive(pid):
+    """Whether a process pid exists (another user's counts too)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True
+    except (ProcessLookupError, OverflowError):
+        return False
+    return True
+
+
 def _names(names, limit=8):
     return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
@@ -573,8 +586,9 @@ def _rebuild_hint(data_dir, meta):
     cmd = prepare_command(name)
     if name not in PREPARE_COMMANDS:
         return cmd
-    if "--out_dir" not in cmd and os.path.abspath(data_dir) != os.path.abspath(default_out_dir(name)):
-        cmd += " --out_dir " + shlex.quote(repo_path(data_dir))
+    if os.path.abspath(data_dir) != os.path.abspath(default_out_dir(name)):  # the folder asked for, not data/<name>
+        out = "--out_dir " + shlex.quote(repo_path(data_dir))
+        cmd = re.sub(r"--out_dir \S+", lambda _: out, cmd) if "--out_dir" in cmd else f"{cmd} {out}"
     return f"rebuild it with: {cmd}"
 
 
@@ -597,10 +611,16 @@ def _check(data_dir, splits, scan=True, hint=None):
         raise PrepareError(_one_line(f"{path}: {what}; {h}"))
 
     if not data_dir.is_dir():
-        left = [p.name for p in _leftovers(dataset_target(data_dir))]
+        left = _leftovers(dataset_target(data_dir))
+        live = [p for p in left if p.name.endswith(".tmp-" + p.name.rsplit("-", 1)[-1])
+                and _alive(int(p.name.rsplit("-", 1)[-1]))]
+        if live:  # (not a leftover: its run is on; the rebuild command would only wait for its lock)
+            raise PrepareError(f"{data_dir}: no such dataset folder yet: a prepare run (pid "
+                               f"{live[0].name.rsplit('-', 1)[-1]}) is still writing it, into {live[0].name} beside "
+                               "it; wait for that run to finish, then start this one again")
         fail(data_dir, "no such dataset folder" + (
-            f" (an interrupted prepare run left {_names(left)} beside it; re-running the command restores or "
-            "replaces the dataset)" if left else ""))
+            f" (an interrupted prepare run left {_names([p.name for p in left])} beside it; re-running the command "
+            "restores or replaces the dataset)" if left else ""))
     meta_path = data_dir / "meta.json"
     if not meta_path.is_file():
         fail(meta_path, "missing")

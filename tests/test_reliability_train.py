@@ -395,14 +395,16 @@ def test_eval_progress_bar_on_a_terminal_only(data):
 
 def test_eta_is_smoothed_and_mfu_is_cuda_only(data, tmp_path, monkeypatch, capsys):
     """A fake clock: 6 s per step, one step of 306 s at iteration 50. The ETA after
-    it may not jump as the last step's rate would (51 min instead of 1.1)."""
+    it may not jump as the last step's rate would (51 min instead of 1.1). Iteration 0
+    (compile, warm-up) takes 1006 s: its line has no ETA yet, and the rate leaves it out."""
     import train as tr
     calls = []
 
     def fake_time():
         calls.append(None)
         n = len(calls)
-        return 6.0 * n + (300.0 if n >= 53 else 0.0)  # call n: iteration n - 3's log (after start and first eval)
+        # call n: iteration n - 3's log (after start and first eval); iteration 0 (compile) takes 1006 s
+        return 6.0 * n + (1000.0 if n >= 3 else 0.0) + (300.0 if n >= 53 else 0.0)
 
     monkeypatch.setattr(tr, "time", types.SimpleNamespace(time=fake_time))
     tr.main([f"--data_dir={data}", "--dataset=toy", f"--out_dir={tmp_path / 'o'}", "--max_iters=60",
@@ -412,7 +414,10 @@ def test_eta_is_smoothed_and_mfu_is_cuda_only(data, tmp_path, monkeypatch, capsy
     assert eta[49] == pytest.approx(11 * 6 / 60, abs=0.051)
     assert eta[49] < eta[50] < 2 * eta[49], (eta[49], eta[50])
     dt = {r["iter"]: r["dt_ms"] for r in records(tmp_path / "o") if "loss" in r}
-    assert dt[50] == pytest.approx(306e3) and dt[49] == pytest.approx(6e3)  # the clock is the one train.py read
+    # the clock is the one train.py read
+    assert dt[50] == pytest.approx(306e3) and dt[49] == pytest.approx(6e3) and dt[0] == pytest.approx(1006e3)
     iter_lines = [line for line in out.splitlines() if line.startswith("iter ")]
-    assert len(eta) == len(iter_lines) == 60 and not any("mfu" in line for line in iter_lines)
+    assert eta[1] == pytest.approx(59 * 6 / 60, abs=0.051)  # iteration 0's 1006 s left out of the rate
+    assert len(eta) == len(iter_lines) - 1 == 59 and not any("mfu" in line for line in iter_lines)
+    assert iter_lines[0].startswith("iter 0: ") and iter_lines[0].endswith(", eta ? min"), iter_lines[0]
     assert all("mfu" not in r for r in records(tmp_path / "o"))

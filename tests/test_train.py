@@ -449,3 +449,104 @@ def test_bench_train_graph_check_compares_the_logged_losses(capsys, monkeypatch)
     assert out.startswith("ok  rope: 3 graphed steps vs 3 eager") and "largest |difference| 0.0e+00" in out, out
     assert not bench.train_graph_check(steps=3, device="cpu", graphed=("--learning_rate=3e-2",), pos_embs=("rope",))
     assert capsys.readouterr().out.startswith("BAD rope: 3 graphed steps vs 3 eager")
+
+
+# -----------------------------------------------------------------------------
+# what a fresh clone's first runs run into: empty keys, paths relative to the cwd, which data a run
+# reads, a warm-up longer than the run, a prepare run still writing, configurator.py --help
+
+def test_an_empty_out_dir_or_dataset_is_a_one_line_error(tmp_path):
+    quick = os.path.join(ROOT, "config", "indirect_indexing_quick.py")
+    for arg, key in (("--out_dir=", "out_dir"), ("--dataset=", "dataset"), ("--data_dir=", "data_dir")):
+        p = run_here([TRAIN, quick, arg, "--max_iters=1"], tmp_path, check=False)
+        assert p.returncode == 1 and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert f"config key '{key}' (--{key}) is empty" in p.stderr and f"--{key}=" in p.stderr, p.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_paths_relative_to_the_cwd_name_the_repository_copy(data_root, tmp_path, monkeypatch):
+    """Run from another folder: a config path or a dataset folder missing here but present in the repository
+    says so, with the two ways out. (REPO_ROOT is a stand-in repository: the real data/ is not the tests'.)"""
+    sys.path.insert(0, ROOT)
+    import shutil
+
+    import configurator
+    import train
+    repo, elsewhere = tmp_path / "repo", tmp_path / "elsewhere"
+    shutil.copytree(data_root / "toy", repo / "data" / "toy")
+    (repo / "config").mkdir()
+    (repo / "config" / "toy.py").write_text("dataset = 'toy'\n")
+    elsewhere.mkdir()
+    monkeypatch.setattr(train, "REPO_ROOT", repo)
+    monkeypatch.setattr(configurator, "REPO_ROOT", repo)
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(SystemExit) as e:
+        train.main(["config/toy.py"])
+    assert str(e.value.code) == (
+        f"error: config file config/toy.py not found: paths are relative to the current directory ({elsewhere}); "
+        f"it exists in {repo}: run from the repository root or pass {repo / 'config' / 'toy.py'}")
+    with pytest.raises(SystemExit) as e:
+        train.main([str(repo / "config" / "toy.py"), "--out_dir=o"] + TINY)
+    assert str(e.value.code) == (
+        f"error: dataset folder data/toy not found under ./data (paths are relative to the current directory, "
+        f"{elsewhere}); it exists in {repo / 'data'}: run from the repository root or pass --data_dir={repo / 'data'}")
+    assert os.listdir(elsewhere) == []
+    with pytest.raises(SystemExit) as e:  # in neither place: the rebuild hint, as before
+        train.main(["--dataset=nope", "--device=cpu"])
+    assert "no such dataset folder" in str(e.value.code) and "exists in" not in str(e.value.code)
+    with pytest.raises(SystemExit) as e:  # a config in neither place
+        train.main(["config/nope.py"])
+    assert str(e.value.code) == "error: config file config/nope.py not found (configs live in config/)"
+
+
+def test_the_log_names_the_data_and_a_finetune_of_other_data_is_warned(data_root, tmp_path):
+    base = [TRAIN, f"--data_dir={data_root}"] + TINY
+    out = run_here(base + ["--dataset=toy", "--out_dir=o", "--max_iters=2"], tmp_path).stdout
+    lines = out.splitlines()
+    assert f"data: {data_root / 'toy'} (train 27,000 tokens, val 3,000)" in lines, out
+    assert lines.index(f"data: {data_root / 'toy'} (train 27,000 tokens, val 3,000)") < 2  # early: before the model
+    assert "warning" not in out  # max_iters 2 = warmup_iters 2, a scratch run
+    # a fine-tune on the rows data of a checkpoint trained on toy: both named, and it trains on as asked
+    out = run_here(base + ["--dataset=rows", "--out_dir=ft", "--init_from=o/ckpt.pt", "--max_iters=2"], tmp_path).stdout
+    assert (f"warning: o/ckpt.pt was trained on dataset 'toy'; this fine-tune trains on 'rows' ({data_root / 'rows'}); "
+            "pass --dataset=toy if that is not what you meant") in out.splitlines(), out
+    assert f"data: {data_root / 'rows'} (train 24,000 tokens, val 2,400)" in out
+    assert torch.load(tmp_path / "ft" / "ckpt.pt", weights_only=True)["config"]["dataset"] == "rows"
+    out = run_here(base + ["--dataset=toy", "--out_dir=ft2", "--init_from=o/ckpt.pt", "--max_iters=2"], tmp_path).stdout
+    assert "warning" not in out and f"data: {data_root / 'toy'} (train 27,000 tokens, val 3,000)" in out
+
+
+def test_a_run_shorter_than_its_warmup_is_warned(data_root, tmp_path):
+    p = run_here([TRAIN, f"--data_dir={data_root}", "--dataset=toy", "--out_dir=o"] + TINY
+                 + ["--max_iters=3", "--warmup_iters=5"], tmp_path)
+    want = ("warning: max_iters=3 < warmup_iters=5: the run ends inside its warm-up and never reaches "
+            "learning_rate=0.003; pass a smaller --warmup_iters (and --lr_decay_iters=max_iters to decay within "
+            "the run)")
+    assert p.stdout.splitlines()[0] == want, p.stdout
+    lrs = [float(m) for m in re.findall(r"lr ([\d.e+-]+),", p.stdout)]
+    assert lrs == pytest.approx([3e-3 * k / 6 for k in (1, 2, 3)]), lrs  # behaviour unchanged: warm-up as before
+
+
+def test_rebuild_hints_follow_data_dir_and_see_a_live_prepare_run(data_root, tmp_path):
+    p = run_here([TRAIN, os.path.join(ROOT, "config", "english_small.py"), f"--data_dir={tmp_path / 'x'}"],
+                 tmp_path, check=False)
+    assert p.returncode == 1 and f"--out_dir {tmp_path / 'x' / 'english'} --input" in p.stderr, p.stderr
+    assert "data/english" not in p.stderr
+    # toy.tmp-<pid> beside a missing data/toy: a live pid is a prepare run still writing it, a dead one a leftover
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    me = os.getpid()
+    for pid, want in ((me, f"a prepare run (pid {me}) is still writing it, into toy.tmp-{me}"),
+                      (dead.pid, f"an interrupted prepare run left toy.tmp-{dead.pid} beside it")):
+        stage = tmp_path / "d" / f"toy.tmp-{pid}"
+        stage.mkdir(parents=True)
+        p = run_here([TRAIN, f"--data_dir={tmp_path / 'd'}", "--dataset=toy", "--device=cpu"], tmp_path, check=False)
+        assert p.returncode == 1 and want in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        stage.rmdir()
+
+
+def test_configurator_help_prints_its_docstring(tmp_path):
+    p = run_here([os.path.join(ROOT, "configurator.py"), "--help"], tmp_path)
+    assert "train.py's configurator" in p.stdout and "Usage: a module, not a script" in p.stdout, p.stdout
+    p = run_here([os.path.join(ROOT, "configurator.py")], tmp_path)
+    assert "is a module imported by train.py" in p.stderr and p.stdout == ""
