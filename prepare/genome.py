@@ -260,10 +260,11 @@ def main(argv=None):
         src = common.input_or_download(args.input, URL, out_dir, f"Download {URL} (or any reference FASTA, plain or "
                                        "gzip) and pass it with --input FILE.")
         stats = {s: {"bases": 0, "contigs": 0} for s in common.SPLITS}
-        records, regions, dropped, seen = [], {}, 0, set()
+        records, regions, dropped, seen, names = [], {}, 0, set(), []
         with common.split_writers(stage, common.SPLITS) as writers:
             for path in input_files(src):
                 for name, seq in read_fasta(path):
+                    names.append(name)
                     if keep and _norm(name) not in keep:
                         continue
                     seen.add(_norm(name))
@@ -293,7 +294,14 @@ def main(argv=None):
                     common.log(f"{name}: {L:,} bases, {n_acgt:,} A/C/G/T")
             missing = (val_chroms | test_chroms | keep) - seen
             if missing:
-                raise common.PrepareError(f"chromosomes not found in {src}: {sorted(missing)}")
+                fixes = ["give a FASTA that holds them"]
+                if missing & (val_chroms | test_chroms):
+                    fixes.append("omit --val_chroms/--test_chroms to hold out regions of each record")
+                if missing & keep:
+                    fixes.append("name only its records in --chroms")
+                shown = f"{names}" if len(names) <= 8 else f"{names[:8]} ... ({len(names)} in all)"  # (hg38: 455)
+                raise common.PrepareError(f"chromosomes not found in {src}: {sorted(missing)}; its records are "
+                                          f"{shown}: " + ", or ".join(fixes))
             if not records:
                 raise common.PrepareError(f"no FASTA records in {src}")
             for s in common.SPLITS:

@@ -137,8 +137,15 @@ def test_held_out_chromosomes_and_decode(tmp_path, records):
     assert meta["holdout_regions"] == {} and meta["tokens"] == counts
     assert meta["prepare"] == (f"python prepare/genome.py --input {common.repo_path(tmp_path / 's.fa.gz')} "
                                f"--val_chroms 2 --test_chroms chr3 --out_dir {common.repo_path(tmp_path / 'o')}")
-    with pytest.raises(common.PrepareError, match=r"not found.*\['9'\]"):
+    with pytest.raises(common.PrepareError, match=r"not found.*\['9'\]") as e:
         genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "p"), "--val_chroms", "9"])
+    # the message names the records the file holds and the two ways out
+    assert "its records are ['chr1', 'chr2', '3']" in str(e.value)
+    assert "omit --val_chroms/--test_chroms" in str(e.value) and "a FASTA that holds" in str(e.value)
+    with pytest.raises(common.PrepareError, match=r"not found.*\['7'\]") as e:
+        genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "p"), "--chroms", "chr2,7"])
+    assert "its records are ['chr1', 'chr2', '3']" in str(e.value) and "--chroms" in str(e.value)
+    assert "omit --val_chroms" not in str(e.value)
     assert not (tmp_path / "p" / "meta.json").exists() and not (tmp_path / "p" / "train.bin").exists()
 
 
