@@ -195,13 +195,18 @@ def decode(ids, meta):
 
 
 def save_sample(ids, meta, path_without_ext):
-    """Write the tokens as a MIDI file (special tokens dropped); returns its path."""
+    """Write the tokens as a MIDI file (special tokens dropped); returns its path. A sample with no
+    notes is still written, with a warning on stderr."""
     tok = make_tokenizer()
     if meta is not None and meta.get("itos") and meta["itos"] != itos_of(tok):
         raise common.PrepareError("meta.json's vocabulary differs from this miditok's REMI vocabulary")
     ids = [int(i) for i in ids if int(i) not in (PAD, BOS, EOS)]
     out = Path(path_without_ext).with_suffix(".mid")
-    tok.decode([ids]).dump_midi(str(out))
+    score = tok.decode([ids])
+    score.dump_midi(str(out))
+    if not any(len(t.notes) for t in score.tracks):  # (an untrained model's tokens, say): silent, but not silently
+        common.log(f"warning: {out} has no notes: no Pitch, Velocity, Duration group among the sample's {len(ids)} "
+                   "tokens (an untrained model's output?); written anyway")
     return str(out)
 
 
