@@ -36,8 +36,10 @@ Context for the paper's model: 1000 tokens (config/genome.py).
 """
 
 import gzip
+import os
 import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -213,6 +215,25 @@ def _norm(name):
 # -----------------------------------------------------------------------------
 # main
 
+@contextmanager
+def removing_new_folders(out_dir):
+    """On an error, remove the folders this run made for out_dir (out_dir and any parent it lacked) where they
+    are still empty: a failed download (offline, no --input) or a bad input leaves no empty folder behind."""
+    made, p = [], common.dataset_target(out_dir)
+    while not os.path.lexists(p):
+        made.append(p)
+        p = p.parent
+    try:
+        yield
+    except BaseException:
+        for p in made:  # innermost first
+            try:
+                p.rmdir()
+            except OSError:  # not empty (e.g. a download kept in raw/ for the next run), or never made
+                pass
+        raise
+
+
 def build_parser():
     p = common.script_parser(__doc__, NAME, help="FASTA file (.fa/.fa.gz) or folder of them (without it: download "
                              + URL + ")")
@@ -235,14 +256,15 @@ def main(argv=None):
         raise common.PrepareError(f"chromosomes in both --val_chroms and --test_chroms: {sorted(val_chroms & test_chroms)}")
     f = args.holdout_frac
 
-    with common.staged_dataset(out_dir) as stage:
+    with removing_new_folders(out_dir), common.staged_dataset(out_dir) as stage:
         src = common.input_or_download(args.input, URL, out_dir, f"Download {URL} (or any reference FASTA, plain or "
                                        "gzip) and pass it with --input FILE.")
         stats = {s: {"bases": 0, "contigs": 0} for s in common.SPLITS}
-        records, regions, dropped, seen = [], {}, 0, set()
+        records, regions, dropped, seen, names = [], {}, 0, set(), []
         with common.split_writers(stage, common.SPLITS) as writers:
             for path in input_files(src):
                 for name, seq in read_fasta(path):
+                    names.append(name)
                     if keep and _norm(name) not in keep:
                         continue
                     seen.add(_norm(name))
@@ -272,7 +294,14 @@ def main(argv=None):
                     common.log(f"{name}: {L:,} bases, {n_acgt:,} A/C/G/T")
             missing = (val_chroms | test_chroms | keep) - seen
             if missing:
-                raise common.PrepareError(f"chromosomes not found in {src}: {sorted(missing)}")
+                fixes = ["give a FASTA that holds them"]
+                if missing & (val_chroms | test_chroms):
+                    fixes.append("omit --val_chroms/--test_chroms to hold out regions of each record")
+                if missing & keep:
+                    fixes.append("name only its records in --chroms")
+                shown = f"{names}" if len(names) <= 8 else f"{names[:8]} ... ({len(names)} in all)"  # (hg38: 455)
+                raise common.PrepareError(f"chromosomes not found in {src}: {sorted(missing)}; its records are "
+                                          f"{shown}: " + ", or ".join(fixes))
             if not records:
                 raise common.PrepareError(f"no FASTA records in {src}")
             for s in common.SPLITS:

@@ -74,8 +74,15 @@ _DIGIT_IDS = np.array([STOI[c] for c in "0123456789"], dtype=np.uint8)
 
 def encode(text, meta=None):
     """Example text -> token ids: one per character, a "<+4>" shift token as one."""
-    stoi = {c: i for i, c in enumerate(meta["itos"])} if meta and "itos" in meta else STOI
-    return [stoi[c] for c in re.findall(r"<[+-]\d+>|.", text, flags=re.S)]
+    itos = meta["itos"] if meta and "itos" in meta else ITOS
+    stoi = {c: i for i, c in enumerate(itos)}
+    try:
+        return [stoi[c] for c in re.findall(r"<[+-]\d+>|.", text, flags=re.S)]
+    except KeyError as e:
+        c, shifts = e.args[0], [t for t in itos if len(t) > 1]
+        raise ValueError(f"unknown {'token' if len(c) > 1 else 'character'} {c!r}; the text takes A-Z, a-z, 0-9, "
+                         "' ', ',', '+', '-' and newline" + (f", and the shift tokens {shifts[0]!r} .. {shifts[-1]!r}"
+                                                             if shifts else "")) from None
 
 
 def decode(ids, meta=None):

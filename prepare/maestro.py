@@ -47,6 +47,7 @@ import csv
 import os
 import sys
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -194,18 +195,42 @@ def decode(ids, meta):
 
 
 def save_sample(ids, meta, path_without_ext):
-    """Write the tokens as a MIDI file (special tokens dropped); returns its path."""
+    """Write the tokens as a MIDI file (special tokens dropped); returns its path. A sample with no
+    notes is still written, with a warning on stderr."""
     tok = make_tokenizer()
     if meta is not None and meta.get("itos") and meta["itos"] != itos_of(tok):
         raise common.PrepareError("meta.json's vocabulary differs from this miditok's REMI vocabulary")
     ids = [int(i) for i in ids if int(i) not in (PAD, BOS, EOS)]
     out = Path(path_without_ext).with_suffix(".mid")
-    tok.decode([ids]).dump_midi(str(out))
+    score = tok.decode([ids])
+    score.dump_midi(str(out))
+    if not any(len(t.notes) for t in score.tracks):  # (an untrained model's tokens, say): silent, but not silently
+        common.log(f"warning: {out} has no notes: no Pitch, Velocity, Duration group among the sample's {len(ids)} "
+                   "tokens (an untrained model's output?); written anyway")
     return str(out)
 
 
 # -----------------------------------------------------------------------------
 # main
+
+@contextmanager
+def removing_new_folders(out_dir):
+    """On an error, remove the folders this run made for out_dir (out_dir and any parent it lacked) where they
+    are still empty: a failed download (offline, no --input) or a bad input leaves no empty folder behind."""
+    made, p = [], common.dataset_target(out_dir)
+    while not os.path.lexists(p):
+        made.append(p)
+        p = p.parent
+    try:
+        yield
+    except BaseException:
+        for p in made:  # innermost first
+            try:
+                p.rmdir()
+            except OSError:  # not empty (e.g. a download kept in raw/ for the next run), or never made
+                pass
+        raise
+
 
 def find_csv(folder):
     folder = Path(folder)
@@ -256,7 +281,7 @@ def main(argv=None):
     out_dir = Path(args.out_dir)
     tok = make_tokenizer()  # fails fast, naming miditok, when it is missing
     common.require("symusic", "miditok", "reading MIDI (symusic, installed with miditok)")
-    with common.staged_dataset(out_dir) as stage:
+    with removing_new_folders(out_dir), common.staged_dataset(out_dir) as stage:
         folder = Path(args.input) if args.input else fetch(out_dir)
         csv_path = find_csv(folder)
         rows = read_rows(csv_path)

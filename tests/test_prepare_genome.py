@@ -137,8 +137,15 @@ def test_held_out_chromosomes_and_decode(tmp_path, records):
     assert meta["holdout_regions"] == {} and meta["tokens"] == counts
     assert meta["prepare"] == (f"python prepare/genome.py --input {common.repo_path(tmp_path / 's.fa.gz')} "
                                f"--val_chroms 2 --test_chroms chr3 --out_dir {common.repo_path(tmp_path / 'o')}")
-    with pytest.raises(common.PrepareError, match=r"not found.*\['9'\]"):
+    with pytest.raises(common.PrepareError, match=r"not found.*\['9'\]") as e:
         genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "p"), "--val_chroms", "9"])
+    # the message names the records the file holds and the two ways out
+    assert "its records are ['chr1', 'chr2', '3']" in str(e.value)
+    assert "omit --val_chroms/--test_chroms" in str(e.value) and "a FASTA that holds" in str(e.value)
+    with pytest.raises(common.PrepareError, match=r"not found.*\['7'\]") as e:
+        genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "p"), "--chroms", "chr2,7"])
+    assert "its records are ['chr1', 'chr2', '3']" in str(e.value) and "--chroms" in str(e.value)
+    assert "omit --val_chroms" not in str(e.value)
     assert not (tmp_path / "p" / "meta.json").exists() and not (tmp_path / "p" / "train.bin").exists()
 
 
@@ -175,3 +182,24 @@ def test_bad_input(tmp_path):
     with pytest.raises(common.PrepareError, match="no FASTA file"):
         genome.main(["--input", str(tmp_path / "dir"), "--out_dir", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+def test_failed_download_leaves_no_folder_behind(tmp_path, monkeypatch):
+    # offline, no --input: the real common.download runs and fails; the run removes the folders it made
+    import urllib.error
+    import urllib.request
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    out = tmp_path / "data" / "genome"
+    with pytest.raises(common.PrepareError, match="could not download .*--input"):
+        genome.main(["--out_dir", str(out)])
+    assert list(tmp_path.iterdir()) == []
+    out.mkdir(parents=True)  # a folder that was there before the run stays
+    with pytest.raises(common.PrepareError, match="could not download"):
+        genome.main(["--out_dir", str(out)])
+    assert out.is_dir() and list(out.iterdir()) == [] and list(tmp_path.iterdir()) == [tmp_path / "data"]
+    with pytest.raises(common.PrepareError, match="does not exist"):  # a bad --input: out_dir is never made
+        genome.main(["--input", str(tmp_path / "nope.fa"), "--out_dir", str(tmp_path / "new" / "genome")])
+    assert list(tmp_path.iterdir()) == [tmp_path / "data"]

@@ -209,3 +209,13 @@ def test_format_variants(tmp_path, shift_format, order):
             assert m.sum() == 1 and np.flatnonzero(m)[0] == n_tokens - 1  # the last token, the target
             assert meta["itos"][row[n_tokens - 1]] == target
             assert ii.encode(ii.decode(row, meta), meta) == list(row)
+
+
+def test_encode_names_an_unknown_character_and_the_alphabet():
+    with pytest.raises(ValueError) as e:
+        ii.encode("Kbé, R, +2, ")
+    msg = str(e.value)
+    assert "unknown character 'é'" in msg and "A-Z, a-z, 0-9" in msg and "newline" in msg
+    with pytest.raises(ValueError, match=r"unknown token '<\+20>'.*'<-15>' \.\. '<\+15>'"):
+        ii.encode("Kb, R, <+20>, ", {"itos": ii.vocabulary("token")})
+    assert ii.encode("Kb, R, <+2>, ", {"itos": ii.vocabulary("token")})[-3] == len(ii.ITOS) + 15 + 2

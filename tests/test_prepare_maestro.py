@@ -118,7 +118,7 @@ def test_streams_match_direct_tokenization_and_midi_transposition(prepared, tok)
     assert max(n.pitch for n in symusic.Score(str(folder / TRAIN[1])).tracks[0].notes) + 3 > maestro.PITCH_HIGH
 
 
-def test_decode_and_midi_round_trip(prepared, tmp_path, tok):
+def test_decode_and_midi_round_trip(prepared, tmp_path, tok, capsys):
     folder, out, _ = prepared
     meta = common.load_meta(out)
     val = np.asarray(common.read_bin(out, "val"))
@@ -130,6 +130,15 @@ def test_decode_and_midi_round_trip(prepared, tmp_path, tok):
     assert path.endswith(".mid")
     status, ids = maestro.tokenize_file(path, tok)
     assert status == "ok" and ids.tolist() == val[1:-1].tolist()
+    assert "warning" not in capsys.readouterr().err
+    # a sample with no notes (an untrained model's): still written, with a warning
+    itos = meta["itos"]
+    noteless = [maestro.BOS, itos.index("Bar_None"), itos.index("Position_0"), itos.index("Bar_None"), maestro.EOS]
+    path = maestro.save_sample(noteless, meta, tmp_path / "empty")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("warning:") and "no notes" in err and path in err
+    import symusic
+    assert sum(len(t.notes) for t in symusic.Score(path).tracks) == 0
 
 
 def test_rerun_is_byte_identical(prepared, monkeypatch):
@@ -166,3 +175,17 @@ def test_empty_and_unreadable_input(src, tok, tmp_path):
     with pytest.raises(common.PrepareError, match=r"no readable MIDI file in split 'test'.*2 corrupt"):
         maestro.main(["--input", str(folder), "--out_dir", str(tmp_path / "o"), "--num_proc", "1"])
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").glob("*.bin"))
+
+
+def test_failed_download_leaves_no_folder_behind(tok, tmp_path, monkeypatch):
+    # offline, no --input: the real common.download runs and fails; the run removes the folders it made
+    import urllib.error
+    import urllib.request
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    out = tmp_path / "data" / "maestro"
+    with pytest.raises(common.PrepareError, match="could not download .*--input"):
+        maestro.main(["--out_dir", str(out), "--num_proc", "1"])
+    assert list(tmp_path.iterdir()) == []
