@@ -280,6 +280,14 @@ def test_clear_errors(data, tmp_path, monkeypatch):
     assert 'bad.jsonl:2: expected an object with a "text"' in err(["--ckpt", ck, "--data", tmp_path / "bad.jsonl"])
     (tmp_path / "x.txt").write_text("xyz" * 10)
     assert "cannot tokenize" in err(["--ckpt", ck, "--data", tmp_path / "x.txt"])
+    multi = tiny(0, pos_emb="pope")  # a JSB-like vocabulary cannot tokenize text: its split, not "the prompt"
+    args = {f: getattr(multi.config, f) for f in multi.config.__dataclass_fields__}
+    torch.save({"model": multi.state_dict(), "model_args": args, "config": {"dataset": "jsb"},
+                "meta": {**META, "itos": ["N60", *ITOS[1:]]}}, tmp_path / "jsb.pt")
+    assert err(["--ckpt", tmp_path / "jsb.pt", "--data", tmp_path / "x.txt"]) == \
+        f"error: {tmp_path / 'x.txt'}: cannot tokenize text with {tmp_path / 'jsb.pt'}'s vocabulary (it has " \
+        "multi-character tokens, e.g. JSB's); pass a prepared .bin of that model's dataset, e.g. --data " \
+        "data/jsb/val.bin"
     big = save(tiny(0, pos_emb="pope", vocab_size=8), tmp_path / "small_vocab.pt")
     assert "has a vocabulary of 8" in err(["--ckpt", big, "--data", data, "--tokens", 64])
     for msg in [err(["--ckpt", ck, "--data", data, "--tokens", 0]), err(["--ckpt", "nope.pt", "--data", data])]:
