@@ -16,7 +16,8 @@ harness lacks (config/lm_eval/cbt*.yaml: mean of cbt_cn, cbt_ne). Without
 run the same tasks on the local files (loaders: config/lm_eval/local_data.py;
 CBT: cbtest_{CN,NE}_test_2500ex.txt from CBTest.tgz in DIR, DIR/cbt or
 DIR/CBTest/data) and the hub is never asked (HF_DATASETS_OFFLINE=HF_HUB_OFFLINE=1,
-also when it is unreachable). A task without data is reported; the others run.
+also when it is unreachable). A task without data is reported; the others run
+(a DIR with none of the asked tasks' files is refused at once).
 
 Scoring as the harness's HF models: requests sorted by length and batched, cut
 on the left to block_size, log-softmax in float32 over the 50257 GPT-2 tokens
@@ -51,6 +52,11 @@ TASKS = {
     "arc_easy": ("ARC-E", "arc_easy", "arc", "acc_norm", False),
 }
 POS_NAMES = {"pope": "PoPE", "rope": "RoPE", "none": "NoPE"}
+# what each task reads in --data_dir (config/lm_eval/local_data.py): a folder with none of them is a wrong path
+LOCAL_FILES = {"lambada": ["lambada_openai.jsonl"], "blimp": ["blimp"], "hellaswag": ["hellaswag_val.txt"],
+               "piqa": ["piqa.jsonl"], "arc_easy": ["arc_easy.jsonl"],
+               "cbt": [os.path.join(d, n) for d in ("", "cbt", "CBTest/data") for sub in ("CN", "NE")
+                       for n in (f"cbtest_{sub}_test_2500ex.txt", f"cbt_{sub}.jsonl")]}
 
 
 def make_lm(model, encode, *, batch_size=8, device="cpu", vocab_size=50257):
@@ -205,6 +211,13 @@ def main(argv=None):
     for name in ("limit", "batch_size"):  # None: the default; 0 is no default but a mistake
         if (v := getattr(args, name)) is not None and v < 1:
             die(f"--{name} must be >= 1, got {v}")
+    if args.data_dir and not any(os.path.exists(os.path.join(args.data_dir, n))
+                                 for t in tasks for n in LOCAL_FILES[t]):  # one line, not a "no data" per task
+        what = "not found" if not os.path.isdir(args.data_dir) else \
+            f"holds none of the files of {', '.join(tasks)} ({', '.join(LOCAL_FILES[t][0] for t in tasks)})"
+        die(f"--data_dir {args.data_dir} {what}; point it at local copies (evals/ of README.md's real-data samples, "
+            "e.g. --data_dir $POPE_SHARED_DATA/evals; CBT: CBTest.tgz, see --help) or leave --data_dir out to load "
+            "the Hugging Face datasets")
     checked = [check_checkpoint(c) for c in args.ckpt]  # refuse before running anything
     if args.json:
         try:

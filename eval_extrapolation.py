@@ -283,6 +283,7 @@ def main(argv=None):
         print(f"{label}: attention {(attention := model.attention_path())}", file=sys.stderr)
         # the YaRN scale as trained, kept here: set_rope_scaling changes cfg
         models.append(m := {"path": path, "model": model, "meta": ckpt.get("meta") or {}, "cfg": cfg,
+                            "dataset": (ckpt.get("config") or {}).get("dataset"),
                             "attention": attention, "s_ckpt": float(cfg.rope_scaling),
                             "orig_len": int(cfg.rope_scaling_orig_len or cfg.block_size)})
         for y in ([] if rope and args.yarn_only else [False]) + ([True] if rope and args.yarn else []):
@@ -295,6 +296,11 @@ def main(argv=None):
     cap, streams = args.max_tokens or max(DEFAULT_MAX_TOKENS, max(lengths)), {}
     for m in models:  # one token stream and budget per tokenizer
         if (key := vocab_key(m["meta"])) not in streams:
+            if args.kind != "bin" and m["meta"].get("tokenizer") != "gpt2" and \
+                    any(len(s) != 1 for s in m["meta"].get("itos", ())):  # (read_tokens's reason speaks of a prompt)
+                die(f"{args.data}: cannot tokenize text with {m['path']}'s vocabulary (it has multi-character tokens, "
+                    f"e.g. JSB's); pass a prepared .bin of that model's dataset, e.g. --data data/"
+                    f"{m['dataset'] or '<dataset>'}/val.bin")
             toks = load_tokens(args.data, m["meta"], cap + 1, ckpt=m["path"])
             streams[key] = toks, choose_budget(len(toks), lengths, cap, args.max_tokens is not None, args.data)
         m["toks"], m["budget"] = streams[key]

@@ -9,9 +9,9 @@ Usage:
 
 q and k are the attention's own: forward hooks on the hook points q_probe and k_probe of
 model.CausalSelfAttention (each head's projection, before RoPE or a cache). Each model runs the first --tokens
-tokens in windows of its block size T (positions 0..T-1), in float32; the sums are float64. A split of fixed rows
-(meta.json's row_len: indirect indexing, JSB) is read as train.py reads it, a window per row, its first
-min(T, row_len - 1) tokens.
+tokens (default: up to 65536, a smaller file whole) in windows of its block size T (positions 0..T-1), in float32;
+the sums are float64. A split of fixed rows (meta.json's row_len: indirect indexing, JSB) is read as train.py
+reads it, a window per row, its first min(T, row_len - 1) tokens.
   PoPE  channel c = 0..D-1 at theta_c = base^(-c/D) (model.pope_frequencies); magnitude mu = softplus(x_c).
   RoPE  pair i = the two dims model.apply_rope rotates together (found by rotating each basis vector), at the
         angle it turns per position (the model's inv_freq, YaRN included); magnitude = the pair's norm.
@@ -40,6 +40,8 @@ from model import apply_rope, pope_frequencies, rope_cos_sin, yarn_inv_freq
 from prepare.common import (PrepareError, checkpoint_error, die, load_meta, read_tokens, vocab_key, write_atomic,
                             write_json)
 
+DEFAULT_TOKENS = 65536  # without --tokens: up to this many, fewer where --data holds fewer
+
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -47,8 +49,9 @@ def parse_args(argv):
     add("--ckpt", nargs="+", required=True, help="one or more train.py checkpoints (ckpt.pt)")
     add("--data", required=True, help='a prepared split X.bin (meta.json beside it); X.txt (one text) or X.jsonl '
         '({"text": ...} per line), tokenized with each checkpoint\'s tokenizer')
-    add("--tokens", type=int, default=65536, help="tokens per model, the first of --data, in whole windows of the "
-        "model's block size (default 65536)")
+    add("--tokens", type=int, help="tokens per model, the first of --data, in whole windows of the model's block "
+        f"size (default: up to {DEFAULT_TOKENS}, all of --data where it holds fewer; a larger --tokens than --data "
+        "holds is an error)")
     add("--labels", help="comma-separated names, one per --ckpt (default: D of D/ckpt.pt, else X of X.pt)")
     add("--batch_size", type=int, default=8, help="windows per forward pass (default 8)")
     add("--json", help="write every array here")
@@ -57,7 +60,7 @@ def parse_args(argv):
     add("--no_progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     for name in ("tokens", "batch_size"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             die(f"--{name} must be >= 1, got {getattr(args, name)}")
     args.labels = args.labels and [x.strip() for x in args.labels.split(",")]
     if args.labels and len(args.labels) != len(args.ckpt):
@@ -156,10 +159,12 @@ def write_plot(path, models):
                       linestyle="--" if m["pos_emb"] == "none" else "-", label=f"{m['label']} ({m['pos_emb']})")
     axes[-1].axhline(1, color="gray", linestyle=":", linewidth=1)
     axes[-1].set(xlabel="frequency (radians per position)", ylabel="mean share x channels (1 = even)",
-                 title="Mean over layers (NoPE at RoPE's frequencies, a reference)")
+                 title="Mean over layers" + (" (NoPE at RoPE's frequencies, a reference)"
+                                             if any(m["pos_emb"] == "none" for m in models) else ""))
     axes[-1].legend()
     write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     print(f"wrote {path}")
+    return fig
 
 
 def main(argv=None):
@@ -167,7 +172,7 @@ def main(argv=None):
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         die("--device cuda but CUDA is not available here; pass --device cpu")
-    runs, streams, row_len = [], {}, None
+    runs, streams, row_len, limit = [], {}, None, args.tokens or DEFAULT_TOKENS
     for i, path in enumerate(args.ckpt):
         try:
             model, ckpt = load_checkpoint(path, device)
@@ -175,20 +180,33 @@ def main(argv=None):
             die(checkpoint_error(path, e))
         label, meta = args.labels[i], ckpt.get("meta") or {}
         if (key := vocab_key(meta)) not in streams:  # one token stream per tokenizer
+            if os.path.splitext(args.data)[1].lower() != ".bin" and meta.get("tokenizer") != "gpt2" and \
+                    any(len(s) != 1 for s in meta.get("itos", ())):  # (read_tokens's reason speaks of a prompt)
+                die(f"{args.data}: cannot tokenize text with {path}'s vocabulary (it has multi-character tokens, "
+                    "e.g. JSB's); pass a prepared .bin of that model's dataset, e.g. --data data/"
+                    f"{(ckpt.get('config') or {}).get('dataset') or '<dataset>'}/val.bin")
             try:
-                streams[key] = read_tokens(args.data, meta, args.tokens, path)[:args.tokens]
+                streams[key] = read_tokens(args.data, meta, limit, path)[:limit]
             except PrepareError as e:
                 die(e)
             if os.path.splitext(args.data)[1].lower() == ".bin":  # (its meta.json: checked by read_tokens)
                 row_len = load_meta(os.path.dirname(os.path.abspath(args.data))).get("row_len")
         T = model.config.block_size
         T, stride = (min(T, row_len - 1), row_len) if row_len else (T, T)  # a window per row, or back to back
-        if args.tokens < T:
+        toks = streams[key]
+        if args.tokens is None and len(toks) < T:
+            die(f"{args.data} has only {len(toks)} tokens for {path}, less than one window (its block size {T}); "
+                "give more data")
+        if args.tokens is not None and args.tokens < T:
             die(f"--tokens={args.tokens} is less than one window of {path} (its block size {T})")
-        if len(toks := streams[key]) < args.tokens:
+        if args.tokens is not None and len(toks) < args.tokens:
             die(f"{args.data} has only {len(toks)} tokens for {path}; pass --tokens <= {len(toks)}")
         windows = np.lib.stride_tricks.sliding_window_view(toks, T)[::stride]  # (n, T) views, no copy
-        if args.tokens % stride:
+        if args.tokens is None and len(toks) < DEFAULT_TOKENS:  # the whole file: say how much of it was used
+            print(f"note: {label}: {args.data} holds {len(toks)} tokens, fewer than the default {DEFAULT_TOKENS}: "
+                  f"using {len(windows) * T} of them, {len(windows)} whole windows of {T}"
+                  + (f" (one per row of {row_len})" if row_len else ""), file=sys.stderr)
+        elif len(toks) % stride:
             print(f"note: {label}: {len(windows)} whole windows of {T}"
                   + (f" (one per row of {row_len})" if row_len else ""), file=sys.stderr)
         if (vmax := int(np.max(toks))) >= model.config.vocab_size:
@@ -202,7 +220,7 @@ def main(argv=None):
               f"({m['top_quarter']} of {len(m['freq'])} channels, theta >= {m['freq'][m['top_quarter'] - 1]:.3g})")
         print("  layer " + "".join(f"{i:>7}" for i in range(m["n_layer"])) + "   mean")
         print("  share " + "".join(f"{x:7.3f}" for x in m["top_quarter_share"]) + f"{m['top_quarter_share_mean']:7.3f}")
-    result = {"data": args.data, "tokens": args.tokens, "device": device, "models": {m["label"]: m for m in models},
+    result = {"data": args.data, "tokens": limit, "device": device, "models": {m["label"]: m for m in models},
               "definitions": __doc__[__doc__.index("q and k are"):].strip()}
     if args.json:
         write_json(args.json, result)

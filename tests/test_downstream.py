@@ -267,6 +267,25 @@ def test_cli_cbt_without_data_others_run(tiny, shared_data):
     assert "cbt did not run (no data" in p.stdout
 
 
+def test_data_dir_without_any_task_file_is_one_line(tiny, tmp_path, monkeypatch, capsys):
+    """--data_dir that does not exist, or holds none of the asked tasks' files: one line naming the folder and
+    where the data comes from, before any work (it printed a "no data" line per task and a table of dashes);
+    a folder with some of them runs those, the per-task lines for the rest (test_cli_cbt_without_data_others_run)."""
+    monkeypatch.setattr(ed, "check_checkpoint", lambda path: pytest.fail("the checkpoints were read first"))
+    fix = ("; point it at local copies (evals/ of README.md's real-data samples, e.g. --data_dir $POPE_SHARED_DATA/"
+           "evals; CBT: CBTest.tgz, see --help) or leave --data_dir out to load the Hugging Face datasets\n")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "piqa.jsonl").write_text("")  # a file of a task not asked for
+    for data_dir, tasks, why in (
+            (tmp_path / "nonexistent", "all", "not found"),
+            (tmp_path / "other", "cbt,arc_easy", "holds none of the files of cbt, arc_easy "
+             "(cbtest_CN_test_2500ex.txt, arc_easy.jsonl)")):
+        with pytest.raises(SystemExit) as e:
+            ed.main(["--ckpt", tiny[0], "--data_dir", str(data_dir), "--tasks", tasks, "--device", "cpu"])
+        out = capsys.readouterr()
+        assert e.value.code == 2 and out.out == "" and out.err == f"error: --data_dir {data_dir} {why}{fix}"
+
+
 def test_refuses_non_gpt2_checkpoint(tiny, tmp_path, capsys):
     ck = torch.load(tiny[0], weights_only=True)
     ck["meta"] = {"itos": list("abc"), "vocab_size": 3, "dtype": "uint16"}

@@ -664,6 +664,23 @@ def test_tokenizer_offline_is_a_one_line_error(env, tmp_path, monkeypatch):
     assert "\n" not in msg
 
 
+def test_text_for_a_vocabulary_of_multi_character_tokens_asks_for_its_bin(tmp_path):
+    """A JSB-like vocabulary (tokens of several characters) cannot tokenize a .txt: the error said to give "the
+    prompt" as token ids, and this script has no prompt; it names the dataset's prepared split instead."""
+    itos = ["<pad>", "N60", "N64", "N67", "SEP"]
+    args = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=len(itos), pos_emb="pope")
+    (tmp_path / "t.txt").write_text("N60 N64 N67 SEP " * 20)
+    for name, config, ds in (("jsb.pt", {"dataset": "jsb"}, "jsb"), ("old.pt", {}, "<dataset>")):
+        torch.manual_seed(0)
+        torch.save({"model": GPT(GPTConfig(**args)).state_dict(), "model_args": args, "config": config,
+                    "meta": {"vocab_size": len(itos), "dtype": "uint16", "tokenizer": "itos", "itos": itos}},
+                   tmp_path / name)
+        assert err(["--ckpt", str(tmp_path / name), "--data", str(tmp_path / "t.txt"), "--lengths", "16"]) == \
+            f"error: {tmp_path / 't.txt'}: cannot tokenize text with {tmp_path / name}'s vocabulary (it has " \
+            f"multi-character tokens, e.g. JSB's); pass a prepared .bin of that model's dataset, e.g. --data " \
+            f"data/{ds}/val.bin"
+
+
 # -----------------------------------------------------------------------------
 # the fine-tuning config (config/finetune_long.py), through train.py
 

@@ -212,9 +212,45 @@ def test_plot(data, tmp_path, capsys):
     assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_title_names_nope_only_when_plotted(data, tmp_path):
+    """The mean panel's title mentions NoPE's reference curve only where a NoPE model is drawn."""
+    pytest.importorskip("matplotlib")
+    paths = {pe: save(tiny(0, pos_emb=pe), tmp_path / f"{pe}.pt") for pe in ("pope", "rope", "none")}
+    for pes, want in ((["pope", "rope"], "Mean over layers"),
+                      (["pope", "rope", "none"], "Mean over layers (NoPE at RoPE's frequencies, a reference)")):
+        models = list(run(["--ckpt", *(paths[pe] for pe in pes), "--data", data, "--tokens", 32],
+                          tmp_path)["models"].values())
+        fig = ef.write_plot(str(tmp_path / "f.png"), models)
+        assert [ax.get_title() for ax in fig.axes if ax.get_title().startswith("Mean")] == [want]
+
+
+def test_default_tokens_use_a_smaller_file_whole(data, tmp_path, capsys, monkeypatch):
+    """Without --tokens: up to DEFAULT_TOKENS, a smaller file whole (README's command on the 1,315-token sample
+    was refused) in whole windows, with a note of what was used; the same numbers as the explicit --tokens."""
+    ck = save(tiny(2, pos_emb="rope"), tmp_path / "m.pt")
+    got = run(["--ckpt", ck, "--data", data], tmp_path)
+    err_text = capsys.readouterr().err
+    assert got["tokens"] == 65536 and got["models"]["m"]["tokens"] == 5000 // 16 * 16
+    assert f"note: m: {data} holds 5000 tokens, fewer than the default 65536: using 4992 of them, 312 whole " \
+        "windows of 16" in err_text.splitlines()
+    assert run(["--ckpt", ck, "--data", data, "--tokens", 4992], tmp_path)["models"] == got["models"]
+    assert "note:" not in capsys.readouterr().err  # an explicit --tokens in whole windows: nothing to say
+    monkeypatch.setattr(ef, "DEFAULT_TOKENS", 160)  # a file larger than the default: its first 160 tokens
+    got = run(["--ckpt", ck, "--data", data], tmp_path)
+    assert "note:" not in capsys.readouterr().err and got["tokens"] == 160
+    assert got["models"] == run(["--ckpt", ck, "--data", data, "--tokens", 160], tmp_path)["models"]
+    (tmp_path / "short").mkdir()  # less than one window: an error, as --tokens below one window is
+    np.fromfile(data, dtype=np.uint16)[:15].tofile(tmp_path / "short" / "val.bin")
+    (tmp_path / "short" / "meta.json").write_text(json.dumps(META))
+    assert err(["--ckpt", ck, "--data", tmp_path / "short" / "val.bin"]) == \
+        f"error: {tmp_path / 'short' / 'val.bin'} has only 15 tokens for {ck}, less than one window (its block " \
+        "size 16); give more data"
+
+
 def test_help():
     out = script_help(ef.main)
     assert "Usage:" in out and "--tokens" in out and "causal pairs" in out
+    assert "default: up to 65536" in " ".join(out.split())
 
 
 def test_clear_errors(data, tmp_path, monkeypatch):
@@ -244,6 +280,14 @@ def test_clear_errors(data, tmp_path, monkeypatch):
     assert 'bad.jsonl:2: expected an object with a "text"' in err(["--ckpt", ck, "--data", tmp_path / "bad.jsonl"])
     (tmp_path / "x.txt").write_text("xyz" * 10)
     assert "cannot tokenize" in err(["--ckpt", ck, "--data", tmp_path / "x.txt"])
+    multi = tiny(0, pos_emb="pope")  # a JSB-like vocabulary cannot tokenize text: its split, not "the prompt"
+    args = {f: getattr(multi.config, f) for f in multi.config.__dataclass_fields__}
+    torch.save({"model": multi.state_dict(), "model_args": args, "config": {"dataset": "jsb"},
+                "meta": {**META, "itos": ["N60", *ITOS[1:]]}}, tmp_path / "jsb.pt")
+    assert err(["--ckpt", tmp_path / "jsb.pt", "--data", tmp_path / "x.txt"]) == \
+        f"error: {tmp_path / 'x.txt'}: cannot tokenize text with {tmp_path / 'jsb.pt'}'s vocabulary (it has " \
+        "multi-character tokens, e.g. JSB's); pass a prepared .bin of that model's dataset, e.g. --data " \
+        "data/jsb/val.bin"
     big = save(tiny(0, pos_emb="pope", vocab_size=8), tmp_path / "small_vocab.pt")
     assert "has a vocabulary of 8" in err(["--ckpt", big, "--data", data, "--tokens", 64])
     for msg in [err(["--ckpt", ck, "--data", data, "--tokens", 0]), err(["--ckpt", "nope.pt", "--data", data])]:

@@ -1,6 +1,7 @@
 """results/summarize.py: tables from eval.json, metrics.jsonl and training logs (take-off steps, mean ± std)
 and the --plot figure;
-results/check_numbers.py: the file that holds each number of a markdown page, or NO FILE."""
+results/check_numbers.py: the file that holds each number of a markdown page, or NO FILE;
+results/delta_stats.py: the phases of PoPE's delta in checkpoints."""
 import json
 import os
 import re
@@ -192,3 +193,47 @@ def test_plot_legend_names_say_the_folder_only_where_two_runs_share_a_name():
     assert s.legend_names(one) == ["seed1337-pope", "seed1337-rope"]
     two = ["r/all-question_first/seed1337-pope/metrics.jsonl", "r/all-shift_token/seed1337-pope/metrics.jsonl"]
     assert s.legend_names(two) == ["all-question_first/seed1337-pope", "all-shift_token/seed1337-pope"]
+
+
+def test_delta_stats_table_and_a_checkpoint_without_delta(tmp_path):
+    """Each run's row against a float64 reference of the phases (clamp bound: the parameter clamped into
+    [-2pi, 0], then its angle in (-pi, pi]); a RoPE checkpoint anywhere in the list is refused before the
+    table starts (its header was printed, then the error on the same line)."""
+    import math
+
+    import numpy as np
+    import torch
+    from helpers import run_here
+    sys.path.insert(0, str(REPO))
+    from model import GPT, GPTConfig
+    rng = np.random.default_rng(5)
+    paths, want = [], {}
+    for name, pe in (("pope-a", "pope"), ("pope-b", "pope"), ("rope-c", "rope")):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=16, pos_emb=pe,
+                              pope_delta_bound="clamp"))
+        sd = model.state_dict()
+        raw = []
+        for k in sd:
+            if k.endswith("attn.delta"):
+                sd[k] = torch.from_numpy(rng.uniform(-8.0, 1.0, tuple(sd[k].shape))).float()
+                raw.append(sd[k].double().numpy().ravel())
+        (tmp_path / name).mkdir()
+        args = {f: getattr(model.config, f) for f in model.config.__dataclass_fields__}
+        torch.save({"model": sd, "model_args": args}, path := tmp_path / name / "ckpt.pt")
+        paths.append(path)
+        if raw:
+            raw = np.concatenate(raw)
+            used = np.clip(raw, -2 * math.pi, 0.0)
+            phase = np.abs(np.angle(np.exp(1j * used)))
+            want[name] = [name, "clamp", str(raw.size), f"{(phase > 0.01).mean():.1%}",
+                          f"{np.sort(phase)[(raw.size - 1) // 2]:.3f}",  # torch.median: the lower middle one
+                          f"{((raw > 0) | (raw < -2 * math.pi)).mean():.1%}"]
+    r = run_here([REPO / "results" / "delta_stats.py", *paths[:2]], tmp_path)
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("| run | bound") and lines[1].startswith("|---")
+    assert [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]] == [want["pope-a"], want["pope-b"]]
+    for order in (paths, paths[::-1]):
+        r = run_here([REPO / "results" / "delta_stats.py", *order], tmp_path, check=False)
+        assert r.returncode == 1 and r.stdout == "", r.stdout
+        assert r.stderr == f"error: {paths[2]} has no PoPE delta (pos_emb='rope'); pass PoPE checkpoints only\n"
