@@ -441,6 +441,25 @@ def _discard(folder, target):
 
 
 @contextmanager
+def removing_new_folders(out_dir):
+    """On an error, remove the folders this run made for out_dir (out_dir and any parent it lacked) where they
+    are still empty: a failed download (offline, no --input) or a bad input leaves no empty folder behind."""
+    made, p = [], dataset_target(out_dir)
+    while not os.path.lexists(p):
+        made.append(p)
+        p = p.parent
+    try:
+        yield
+    except BaseException:
+        for p in made:  # innermost first
+            try:
+                p.rmdir()
+            except OSError:  # not empty (e.g. a download kept in raw/ for the next run), or never made
+                pass
+        raise
+
+
+@contextmanager
 def staged_dataset(out_dir):
     """Write a dataset as a set: yields the staging folder for every .bin and meta.json;
     leaving the block normally checks the set and swaps it in, an error deletes it. Refuses
@@ -543,11 +562,12 @@ def command_line(script, parser, args, defaults=None, skip=("num_proc",), paths=
 _ENGLISH = ("python prepare/openwebtext.py --out_dir data/english --input $POPE_SHARED_DATA/text/owt_sample.jsonl "
             "$POPE_SHARED_DATA/text/english/{abc,brown,inaugural,movie_reviews,tinyshakespeare,webtext}.txt "
             "--val_input $POPE_SHARED_DATA/text/english/state_union.txt")
+# (without --input the scripts download their source; README, Data, gives the offline samples' --input)
 PREPARE_COMMANDS = {
     "openwebtext": "python prepare/openwebtext.py",
     "indirect_indexing": "python prepare/indirect_indexing.py",
     "indirect_indexing_quick": "python prepare/indirect_indexing.py --quick",
-    "jsb": "python prepare/jsb.py --input <Jsb16thSeparated.json>",
+    "jsb": "python prepare/jsb.py",
     "maestro": "python prepare/maestro.py",
     "genome": "python prepare/genome.py",
     "english": _ENGLISH,  # as in config/english_small.py's header

@@ -36,10 +36,8 @@ Context for the paper's model: 1000 tokens (config/genome.py).
 """
 
 import gzip
-import os
 import re
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -215,25 +213,6 @@ def _norm(name):
 # -----------------------------------------------------------------------------
 # main
 
-@contextmanager
-def removing_new_folders(out_dir):
-    """On an error, remove the folders this run made for out_dir (out_dir and any parent it lacked) where they
-    are still empty: a failed download (offline, no --input) or a bad input leaves no empty folder behind."""
-    made, p = [], common.dataset_target(out_dir)
-    while not os.path.lexists(p):
-        made.append(p)
-        p = p.parent
-    try:
-        yield
-    except BaseException:
-        for p in made:  # innermost first
-            try:
-                p.rmdir()
-            except OSError:  # not empty (e.g. a download kept in raw/ for the next run), or never made
-                pass
-        raise
-
-
 def build_parser():
     p = common.script_parser(__doc__, NAME, help="FASTA file (.fa/.fa.gz) or folder of them (without it: download "
                              + URL + ")")
@@ -256,7 +235,7 @@ def main(argv=None):
         raise common.PrepareError(f"chromosomes in both --val_chroms and --test_chroms: {sorted(val_chroms & test_chroms)}")
     f = args.holdout_frac
 
-    with removing_new_folders(out_dir), common.staged_dataset(out_dir) as stage:
+    with common.removing_new_folders(out_dir), common.staged_dataset(out_dir) as stage:
         src = common.input_or_download(args.input, URL, out_dir, f"Download {URL} (or any reference FASTA, plain or "
                                        "gzip) and pass it with --input FILE.")
         stats = {s: {"bases": 0, "contigs": 0} for s in common.SPLITS}

@@ -40,9 +40,7 @@ token of a split is scored exactly once: the scored tokens are 4 x steps
 """
 
 import json
-import os
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -252,25 +250,6 @@ def save_sample(ids, meta, path_without_ext):
 # -----------------------------------------------------------------------------
 # main
 
-@contextmanager
-def removing_new_folders(out_dir):
-    """On an error, remove the folders this run made for out_dir (out_dir and any parent it lacked) where they
-    are still empty: a failed download (offline, no --input) or a bad input leaves no empty folder behind."""
-    made, p = [], common.dataset_target(out_dir)
-    while not os.path.lexists(p):
-        made.append(p)
-        p = p.parent
-    try:
-        yield
-    except BaseException:
-        for p in made:  # innermost first
-            try:
-                p.rmdir()
-            except OSError:  # not empty (e.g. a download kept in raw/ for the next run), or never made
-                pass
-        raise
-
-
 def build_parser():
     p = common.script_parser(__doc__, NAME, help="Jsb16thSeparated.json, or a folder holding it "
                                                  "(without it: download the .json from " + URL + ")")
@@ -287,7 +266,7 @@ def main(argv=None):
     if args.max_len < 5:
         raise common.PrepareError("--max_len must be at least 5 (one start token and one step)")
     out_dir = Path(args.out_dir)
-    with removing_new_folders(out_dir), common.staged_dataset(out_dir) as stage:
+    with common.removing_new_folders(out_dir), common.staged_dataset(out_dir) as stage:
         src = common.input_or_download(args.input, URL, out_dir, f"Download {URL} and pass it with --input FILE.")
         pieces, src = load_pieces(src, allow_pickle=args.allow_pickle)
 

@@ -47,7 +47,6 @@ import csv
 import os
 import sys
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -213,25 +212,6 @@ def save_sample(ids, meta, path_without_ext):
 # -----------------------------------------------------------------------------
 # main
 
-@contextmanager
-def removing_new_folders(out_dir):
-    """On an error, remove the folders this run made for out_dir (out_dir and any parent it lacked) where they
-    are still empty: a failed download (offline, no --input) or a bad input leaves no empty folder behind."""
-    made, p = [], common.dataset_target(out_dir)
-    while not os.path.lexists(p):
-        made.append(p)
-        p = p.parent
-    try:
-        yield
-    except BaseException:
-        for p in made:  # innermost first
-            try:
-                p.rmdir()
-            except OSError:  # not empty (e.g. a download kept in raw/ for the next run), or never made
-                pass
-        raise
-
-
 def find_csv(folder):
     folder = Path(folder)
     if not folder.is_dir():
@@ -281,7 +261,7 @@ def main(argv=None):
     out_dir = Path(args.out_dir)
     tok = make_tokenizer()  # fails fast, naming miditok, when it is missing
     common.require("symusic", "miditok", "reading MIDI (symusic, installed with miditok)")
-    with removing_new_folders(out_dir), common.staged_dataset(out_dir) as stage:
+    with common.removing_new_folders(out_dir), common.staged_dataset(out_dir) as stage:
         folder = Path(args.input) if args.input else fetch(out_dir)
         csv_path = find_csv(folder)
         rows = read_rows(csv_path)

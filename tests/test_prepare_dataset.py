@@ -381,7 +381,7 @@ def test_check_dataset_missing_folder_and_other_names(tmp_path):
     with pytest.raises(common.PrepareError) as e:
         common.check_dataset(tmp_path / "jsb")
     assert str(e.value) == (f"{tmp_path / 'jsb'}: no such dataset folder; rebuild it with: "
-                            "python prepare/jsb.py --input <Jsb16thSeparated.json> "
+                            "python prepare/jsb.py "
                             f"--out_dir {common.repo_path(tmp_path / 'jsb')}")
     with pytest.raises(common.PrepareError) as e:
         common.check_dataset(common.default_out_dir("maestro_nonexistent_name"))
@@ -410,7 +410,7 @@ def test_prepare_command_table():
     assert common.prepare_command("openwebtext") == "python prepare/openwebtext.py"
     assert common.prepare_command("indirect_indexing") == "python prepare/indirect_indexing.py"
     assert common.prepare_command("indirect_indexing_quick") == "python prepare/indirect_indexing.py --quick"
-    assert common.prepare_command("jsb") == "python prepare/jsb.py --input <Jsb16thSeparated.json>"
+    assert common.prepare_command("jsb") == "python prepare/jsb.py"
     assert common.prepare_command("maestro") == "python prepare/maestro.py"
     assert common.prepare_command("genome") == "python prepare/genome.py"
     # english: the command in config/english_small.py's header comment
