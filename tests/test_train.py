@@ -530,7 +530,8 @@ def test_a_run_shorter_than_its_warmup_is_warned(data_root, tmp_path):
 def test_rebuild_hints_follow_data_dir_and_see_a_live_prepare_run(data_root, tmp_path):
     p = run_here([TRAIN, os.path.join(ROOT, "config", "english_small.py"), f"--data_dir={tmp_path / 'x'}"],
                  tmp_path, check=False)
-    assert p.returncode == 1 and f"--out_dir {tmp_path / 'x' / 'english'} --input" in p.stderr, p.stderr
+    from prepare.common import repo_path  # (how commands write a path: relative where it lies next to the repo)
+    assert p.returncode == 1 and f"--out_dir {repo_path(tmp_path / 'x' / 'english')} --input" in p.stderr, p.stderr
     assert "data/english" not in p.stderr
     # toy.tmp-<pid> beside a missing data/toy: a live pid is a prepare run still writing it, a dead one a leftover
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
