@@ -120,11 +120,12 @@ def hf_docs(spec):
             'deepmind/pg19, test/) and pass a local file: --data pg19_test.jsonl ({"text": book} a line) or a .txt')
 
 
-def load_tokens(spec, meta, need, ckpt):
+def load_tokens(spec, meta, need, ckpt, dataset=None):
     """The token stream of --data for a checkpoint whose training data had this meta.json (read_tokens: a .bin as
     is, a memmap; text tokenized with the checkpoint's tokenizer up to `need` tokens)."""
     try:
-        toks = read_tokens(spec, meta, need, ckpt, docs=hf_docs(spec) if data_kind(spec) == "hf" else None)
+        toks = read_tokens(spec, meta, need, ckpt, docs=hf_docs(spec) if data_kind(spec) == "hf" else None,
+                           dataset=dataset)
     except PrepareError as e:
         die(e)
     # (a split's meta.json: read_tokens has checked it)
@@ -296,12 +297,7 @@ def main(argv=None):
     cap, streams = args.max_tokens or max(DEFAULT_MAX_TOKENS, max(lengths)), {}
     for m in models:  # one token stream and budget per tokenizer
         if (key := vocab_key(m["meta"])) not in streams:
-            if args.kind != "bin" and m["meta"].get("tokenizer") != "gpt2" and \
-                    any(len(s) != 1 for s in m["meta"].get("itos", ())):  # (read_tokens's reason speaks of a prompt)
-                die(f"{args.data}: cannot tokenize text with {m['path']}'s vocabulary (it has multi-character tokens, "
-                    f"e.g. JSB's); pass a prepared .bin of that model's dataset, e.g. --data data/"
-                    f"{m['dataset'] or '<dataset>'}/val.bin")
-            toks = load_tokens(args.data, m["meta"], cap + 1, ckpt=m["path"])
+            toks = load_tokens(args.data, m["meta"], cap + 1, ckpt=m["path"], dataset=m["dataset"])
             streams[key] = toks, choose_budget(len(toks), lengths, cap, args.max_tokens is not None, args.data)
         m["toks"], m["budget"] = streams[key]
         if (vmax := int(np.max(np.asarray(m["toks"][:m["budget"] + 1])))) >= m["cfg"].vocab_size:

@@ -180,13 +180,9 @@ def main(argv=None):
             die(checkpoint_error(path, e))
         label, meta = args.labels[i], ckpt.get("meta") or {}
         if (key := vocab_key(meta)) not in streams:  # one token stream per tokenizer
-            if os.path.splitext(args.data)[1].lower() != ".bin" and meta.get("tokenizer") != "gpt2" and \
-                    any(len(s) != 1 for s in meta.get("itos", ())):  # (read_tokens's reason speaks of a prompt)
-                die(f"{args.data}: cannot tokenize text with {path}'s vocabulary (it has multi-character tokens, "
-                    "e.g. JSB's); pass a prepared .bin of that model's dataset, e.g. --data data/"
-                    f"{(ckpt.get('config') or {}).get('dataset') or '<dataset>'}/val.bin")
             try:
-                streams[key] = read_tokens(args.data, meta, limit, path)[:limit]
+                streams[key] = read_tokens(args.data, meta, limit, path,
+                                           dataset=(ckpt.get("config") or {}).get("dataset"))[:limit]
             except PrepareError as e:
                 die(e)
             if os.path.splitext(args.data)[1].lower() == ".bin":  # (its meta.json: checked by read_tokens)

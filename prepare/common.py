@@ -916,14 +916,15 @@ def _split_tokens(path, meta, ckpt):
     return np.memmap(path, dtype=np.dtype(data_meta["dtype"]), mode="r")
 
 
-def read_tokens(path, meta, need, ckpt="the checkpoint", docs=None, chunk_chars=1 << 20):
+def read_tokens(path, meta, need, ckpt="the checkpoint", docs=None, chunk_chars=1 << 20, dataset=None):
     """The token ids at path for a checkpoint whose training data had the meta.json meta (ckpt names it in
     errors). X.bin, a prepared split: the whole file as a read-only memmap (only what is used is read), checked
     against the meta.json beside it as check_dataset checks a split, and refused when that dataset's tokenizer is
     not meta's. Text, tokenized with meta's tokenizer up to `need` ids (int64): X.txt as one text, or the
     documents of X.jsonl ({"text": ...} a line) or, when given, of the iterable docs (strings), each ending as in
-    the training data (<|endoftext|> for gpt2, "\\n\\n" for characters that include "\\n"). Raises PrepareError
-    (one line naming the problem and the fix)."""
+    the training data (<|endoftext|> for gpt2, "\\n\\n" for characters that include "\\n"); a vocabulary of token
+    names (JSB's) takes no text. Raises PrepareError (one line naming the problem and the fix; dataset, the
+    checkpoint's, names the .bin to pass instead)."""
     kind = "docs" if docs is not None else os.path.splitext(path)[1].lower()
     if kind not in ("docs", ".bin", ".txt", ".jsonl"):
         raise PrepareError(f"{path}: give a prepared split X.bin, a text X.txt or documents X.jsonl")
@@ -931,6 +932,10 @@ def read_tokens(path, meta, need, ckpt="the checkpoint", docs=None, chunk_chars=
         raise PrepareError(f"data file {path} not found")
     if kind == ".bin":
         return _split_tokens(path, meta, ckpt)
+    if vocab_key(meta) != "gpt2" and any(len(s) != 1 for s in meta.get("itos", ())):  # (codec's says "a prompt")
+        raise PrepareError(f"{path}: cannot tokenize text with {ckpt}'s vocabulary (it has multi-character tokens, "
+                           f"e.g. JSB's); pass a prepared .bin of that model's dataset, e.g. --data data/"
+                           f"{dataset or '<dataset>'}/val.bin")
     try:
         encode, _ = codec(meta)
     except ValueError:
