@@ -631,13 +631,12 @@ def _check(data_dir, splits, scan=True, hint=None):
         raise PrepareError(_one_line(f"{path}: {what}; {h}"))
 
     if not data_dir.is_dir():
-        left = _leftovers(dataset_target(data_dir))
-        live = [p for p in left if p.name.endswith(".tmp-" + p.name.rsplit("-", 1)[-1])
-                and _alive(int(p.name.rsplit("-", 1)[-1]))]
+        left = _leftovers(dataset_target(data_dir))  # (<name>.old and <name>.tmp-<pid> only)
+        live = [(p, pid) for p in left if not p.name.endswith(".old") and _alive(pid := int(p.name.rsplit("-", 1)[1]))]
         if live:  # (not a leftover: its run is on; the rebuild command would only wait for its lock)
-            raise PrepareError(f"{data_dir}: no such dataset folder yet: a prepare run (pid "
-                               f"{live[0].name.rsplit('-', 1)[-1]}) is still writing it, into {live[0].name} beside "
-                               "it; wait for that run to finish, then start this one again")
+            raise PrepareError(f"{data_dir}: no such dataset folder yet: a prepare run (pid {live[0][1]}) is still "
+                               f"writing it, into {live[0][0].name} beside it; wait for that run to finish, then "
+                               "start this one again")
         fail(data_dir, "no such dataset folder" + (
             f" (an interrupted prepare run left {_names([p.name for p in left])} beside it; re-running the command "
             "restores or replaces the dataset)" if left else ""))
