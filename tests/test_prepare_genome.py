@@ -184,22 +184,8 @@ def test_bad_input(tmp_path):
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
 
 
-def test_failed_download_leaves_no_folder_behind(tmp_path, monkeypatch):
-    # offline, no --input: the real common.download runs and fails; the run removes the folders it made
-    import urllib.error
-    import urllib.request
-
-    def offline(*args, **kwargs):
-        raise urllib.error.URLError("no network")
-    monkeypatch.setattr(urllib.request, "urlopen", offline)
-    out = tmp_path / "data" / "genome"
-    with pytest.raises(common.PrepareError, match="could not download .*--input"):
-        genome.main(["--out_dir", str(out)])
-    assert list(tmp_path.iterdir()) == []
-    out.mkdir(parents=True)  # a folder that was there before the run stays
-    with pytest.raises(common.PrepareError, match="could not download"):
-        genome.main(["--out_dir", str(out)])
-    assert out.is_dir() and list(out.iterdir()) == [] and list(tmp_path.iterdir()) == [tmp_path / "data"]
+def test_a_bad_input_makes_no_out_dir(tmp_path):
+    # (the offline download: test_prepare_scripts.test_a_failed_download_leaves_no_folder_behind)
     with pytest.raises(common.PrepareError, match="does not exist"):  # a bad --input: out_dir is never made
         genome.main(["--input", str(tmp_path / "nope.fa"), "--out_dir", str(tmp_path / "new" / "genome")])
-    assert list(tmp_path.iterdir()) == [tmp_path / "data"]
+    assert list(tmp_path.iterdir()) == []

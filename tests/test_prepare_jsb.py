@@ -206,21 +206,3 @@ def test_bad_input(tmp_path):
     with pytest.raises(common.PrepareError, match="does not exist"):
         jsb.main(["--input", str(tmp_path / "nope.npz"), "--out_dir", str(tmp_path / "o")])
     assert not (tmp_path / "o" / "meta.json").exists()
-
-
-def test_failed_download_leaves_no_folder_behind(tmp_path, monkeypatch):
-    # offline, no --input: the real common.download runs and fails; the run removes the folders it made
-    import urllib.error
-    import urllib.request
-
-    def offline(*args, **kwargs):
-        raise urllib.error.URLError("no network")
-    monkeypatch.setattr(urllib.request, "urlopen", offline)
-    out = tmp_path / "data" / "jsb"
-    with pytest.raises(common.PrepareError, match="could not download .*--input"):
-        jsb.main(["--out_dir", str(out)])
-    assert list(tmp_path.iterdir()) == []
-    (tmp_path / "data").mkdir()  # a folder that was there before the run stays
-    with pytest.raises(common.PrepareError, match="could not download"):
-        jsb.main(["--out_dir", str(out)])
-    assert list(tmp_path.iterdir()) == [tmp_path / "data"] and list((tmp_path / "data").iterdir()) == []

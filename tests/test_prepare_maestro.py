@@ -175,17 +175,3 @@ def test_empty_and_unreadable_input(src, tok, tmp_path):
     with pytest.raises(common.PrepareError, match=r"no readable MIDI file in split 'test'.*2 corrupt"):
         maestro.main(["--input", str(folder), "--out_dir", str(tmp_path / "o"), "--num_proc", "1"])
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").glob("*.bin"))
-
-
-def test_failed_download_leaves_no_folder_behind(tok, tmp_path, monkeypatch):
-    # offline, no --input: the real common.download runs and fails; the run removes the folders it made
-    import urllib.error
-    import urllib.request
-
-    def offline(*args, **kwargs):
-        raise urllib.error.URLError("no network")
-    monkeypatch.setattr(urllib.request, "urlopen", offline)
-    out = tmp_path / "data" / "maestro"
-    with pytest.raises(common.PrepareError, match="could not download .*--input"):
-        maestro.main(["--out_dir", str(out), "--num_proc", "1"])
-    assert list(tmp_path.iterdir()) == []

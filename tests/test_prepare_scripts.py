@@ -70,6 +70,32 @@ def test_download_fails_fast_with_the_hint(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("name", ["genome", "jsb", "maestro"])
+def test_a_failed_download_leaves_no_folder_behind(name, tmp_path, monkeypatch):
+    """Offline, no --input: the real common.download runs and fails, and the run removes the folders it made
+    (common.removing_new_folders); a parent or an out_dir that was there before the run stays, empty."""
+    import importlib
+    import urllib.error
+    import urllib.request
+    if name == "maestro":
+        pytest.importorskip("miditok")
+    script = importlib.import_module(f"prepare.{name}")
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    out = tmp_path / "data" / name
+    argv = ["--out_dir", str(out)] + (["--num_proc", "1"] if name == "maestro" else [])
+    with pytest.raises(common.PrepareError, match="could not download .*--input"):
+        script.main(argv)
+    assert list(tmp_path.iterdir()) == []
+    for made in (tmp_path / "data", out):  # a parent, then out_dir itself, there before the run
+        made.mkdir()
+        with pytest.raises(common.PrepareError, match="could not download"):
+            script.main(argv)
+        assert list(tmp_path.iterdir()) == [tmp_path / "data"] and made.is_dir() and list(made.iterdir()) == [], made
+
+
 def test_missing_input_exits_2_with_one_line(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "prepare" / "jsb.py"), "--input", str(tmp_path / "none.npz"),
                         "--out_dir", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
