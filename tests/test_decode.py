@@ -233,22 +233,35 @@ def test_sample_next_draws_from_the_tempered_top_k_softmax(top_k):
     assert torch.equal(sample_next(logits, temperature=0.0, vocab_size=5), torch.tensor([[3]]))
 
 
+def save_ckpt(model, path, meta):
+    """A checkpoint as sample.py reads it: the model's arguments, its weights and the data's meta."""
+    args = {k: getattr(model.config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "pos_emb")}
+    torch.save({"model": model.state_dict(), "model_args": args, "config": {}, "meta": meta}, path)
+
+
+def spy_generate(monkeypatch, what):
+    """GPT.generate as it is, appending what(model, idx) at each call to the list returned."""
+    seen, generate = [], GPT.generate
+    monkeypatch.setattr(GPT, "generate", lambda self, idx, *a, **k: (seen.append(what(self, idx)),
+                                                                    generate(self, idx, *a, **k))[1])
+    return seen
+
+
 def test_sample_py_crops_a_long_prompt_and_prints_its_timings(tmp_path):
     """sample.py on the CPU: a prompt longer than --context keeps its last tokens
     with a warning; stderr names the decoding setup, prefill, time to first token
     and the decode rate; --decode=graph on the CPU is a one-line error."""
     torch.manual_seed(0)
     m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=20))
-    args = {k: getattr(m.config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "pos_emb")}
-    torch.save({"model": m.state_dict(), "model_args": args, "config": {},
-                "meta": {"vocab_size": 20, "itos": [chr(97 + i) for i in range(20)]}}, tmp_path / "ckpt.pt")
+    save_ckpt(m, tmp_path / "ckpt.pt", {"vocab_size": 20, "itos": [chr(97 + i) for i in range(20)]})
     cmd = [os.path.join(ROOT, "sample.py"), "--ckpt=ckpt.pt", "--num_samples=2", "--temperature=0"]
     p = run_here(cmd + ["--start=abcdefghijklmnopqrst", "--context=12", "--max_new_tokens=3"], tmp_path)
     assert "warning: the prompt has 20 tokens, more than the context of 12: keeping its last 12" in p.stderr
     assert "note: prompt + max_new_tokens = 15 > context 12" in p.stderr
     samples = [s.strip() for s in p.stdout.split("---------------") if s.strip()]
     assert len(samples) == 2 and all(s.startswith("ijklmnopqrst") and len(s) == 15 for s in samples), samples
-    for what in ("decoding: eager, float32, static KV cache of 12 positions (block_size 16), PoPE keys in Cartesian form",
+    for what in ("decoding: eager, float32, static KV cache of 12 positions (block_size 16), PoPE keys in Cartesian "
+                 "form",
                  "prefill: 2 x 12 tokens in", "time to first token", "decode: 2 x 2 tokens in", "tokens/s"):
         assert what in p.stderr, (what, p.stderr[-2000:])
     p = run_here(cmd + ["--decode=graph"], tmp_path, check=False)
@@ -266,10 +279,8 @@ def test_bf16_weights_keep_the_phases_in_float32_and_decode_near_float32(pos_emb
     torch.manual_seed(seed)
     m = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=1200, vocab_size=64, pos_emb=pos_emb,
                       attn_impl="torch", pope_delta_init="uniform")).eval()
+    large_weights_(m, 0.1)
     with torch.no_grad():
-        for name, p in m.named_parameters():
-            if p.dim() == 2 and not name.endswith("delta"):
-                p.normal_(0.0, 0.1)
         idx = torch.randint(0, 64, (2, 1100))
         ref = m(idx)[0][:, -1]
         m.cast_weights_(torch.bfloat16)
@@ -293,17 +304,11 @@ def test_sample_py_dtype(dtype, tmp_path, capsys, monkeypatch):
     import sample
     torch.manual_seed(0)
     m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=20, attn_impl="torch"))
-    with torch.no_grad():  # large weights: logits far apart, so bf16 rounding cannot flip a greedy token
-        for name, p in m.named_parameters():
-            if p.dim() == 2 and not name.endswith("delta"):
-                p.normal_(0.0, 0.5)
-    args = {k: getattr(m.config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "pos_emb")}
-    torch.save({"model": m.state_dict(), "model_args": args, "config": {},
-                "meta": {"vocab_size": 20, "itos": [chr(97 + i) for i in range(20)]}}, tmp_path / "ckpt.pt")
-    seen, generate = [], GPT.generate
-    monkeypatch.setattr(GPT, "generate", lambda self, *a, **k: (seen.append(
-        (self.lm_head.weight.dtype, self.transformer.h[0].attn.delta.dtype, torch.is_autocast_enabled("cpu"))),
-        generate(self, *a, **k))[1])
+    large_weights_(m, 0.5)  # logits far apart, so bf16 rounding cannot flip a greedy token
+    save_ckpt(m, tmp_path / "ckpt.pt", {"vocab_size": 20, "itos": [chr(97 + i) for i in range(20)]})
+    seen = spy_generate(monkeypatch, lambda model, idx: (model.lm_head.weight.dtype,
+                                                         model.transformer.h[0].attn.delta.dtype,
+                                                         torch.is_autocast_enabled("cpu")))
     base = [f"--ckpt={tmp_path / 'ckpt.pt'}", "--device=cpu", "--num_samples=1", "--max_new_tokens=6",
             "--temperature=0", "--start=abcd"]
     sample.main(base)
@@ -334,13 +339,9 @@ def test_sample_py_prompts_a_prepared_format_with_its_own_start(fmt, tmp_path, m
     V, itos, start_id, prompt, want = FORMATS[fmt]
     torch.manual_seed(0)
     m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=V, attn_impl="torch"))
-    args = {k: getattr(m.config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "pos_emb")}
     itos = itos or importlib.import_module("prepare." + fmt).ITOS  # (as prepare/<fmt>.py writes meta.json)
-    meta = {"vocab_size": V, "format": fmt, "itos": itos}
-    torch.save({"model": m.state_dict(), "model_args": args, "config": {}, "meta": meta}, tmp_path / "ckpt.pt")
-    prompts, generate = [], GPT.generate
-    monkeypatch.setattr(GPT, "generate", lambda self, idx, *a, **k: (prompts.append(idx.tolist()),
-                                                                    generate(self, idx, *a, **k))[1])
+    save_ckpt(m, tmp_path / "ckpt.pt", {"vocab_size": V, "format": fmt, "itos": itos})
+    prompts = spy_generate(monkeypatch, lambda model, idx: idx.tolist())
     base = [f"--ckpt={tmp_path / 'ckpt.pt'}", "--device=cpu", "--num_samples=1", "--max_new_tokens=3"]
     sample.main(base)
     sample.main(base + [f"--start={prompt}"])
