@@ -27,7 +27,8 @@
 #   SHARED=../shared/data   where the source data lives
 #   EXTRA="--key=value ..."  appended to every train.py call
 # A run whose evaluation (<run>-eval.json) exists is kept, so the script can be stopped and run
-# again; an unfinished one is started again from scratch.
+# again; an unfinished run resumes from its checkpoint (the best-val one where the config keeps
+# only that: the steps after it are run again, on the same batches), or starts again without one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TASKS=${TASKS:-jsb}
@@ -58,8 +59,9 @@ for task in $TASKS; do
         for pe in $POS_EMBS; do
             run=$task-$pe-$s$TAG
             [ -f $OUT/$run-eval.json ] && continue
+            if [ -f $OUT/$run/ckpt.pt ]; then how=--init_from=resume; else how=--overwrite=True; rm -f $OUT/$run.log; fi
             CUDA_VISIBLE_DEVICES=${GPU[i % ${#GPU[@]}]} python train.py config/$task.py --pos_emb=$pe \
-                --seed=$s --out_dir=$OUT/$run --compile=True --overwrite=True $EXTRA > $OUT/$run.log 2>&1 &
+                --seed=$s --out_dir=$OUT/$run --compile=True $how $EXTRA >> $OUT/$run.log 2>&1 &
             pids+=($!); i=$((i + 1))
         done
     done
