@@ -77,11 +77,7 @@ for s in $SEEDS; do
     for pe in $POS_EMBS; do
         run=seed$s-$pe$TAG
         [ -f $OUT/$run/eval.json ] && continue
-        if [ -f $OUT/$run/ckpt.pt ]; then
-            START="--init_from=resume"; echo "--- resumed" >> $OUT/$run.log
-        else
-            START="--overwrite=True"; : > $OUT/$run.log
-        fi
+        START=$(start_flag $OUT/$run)
         CUDA_VISIBLE_DEVICES=${GPU[i % ${#GPU[@]}]} python train.py config/indirect_indexing.py \
             --dataset=$DATASET --train_mask=$MASK --pos_emb=$pe --seed=$s --out_dir=$OUT/$run \
             --compile=True --cuda_graph=True $SCHEDULE $START $EXTRA >> $OUT/$run.log 2>&1 &

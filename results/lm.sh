@@ -64,7 +64,7 @@ for s in $SEEDS; do
         esac
         CKPTS+=($OUT/$run/ckpt.pt); LABELS+=($label)
         finished $run 1200 && continue
-        if [ -f $OUT/$run/ckpt.pt ]; then how=--init_from=resume; else how=--overwrite=True; rm -f $OUT/$run.log; fi
+        how=$(start_flag $OUT/$run)
         CUDA_VISIBLE_DEVICES=${GPU[i % ${#GPU[@]}]} python train.py config/english_small.py $args \
             --seed=$s --out_dir=$OUT/$run $how $EXTRA >> $OUT/$run.log 2>&1 &
         pids+=($!); i=$((i + 1))

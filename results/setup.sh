@@ -9,3 +9,9 @@ trap 'echo "stopped: a command failed (exit $?); see the logs in $OUT" >&2' ERR
 mkdir -p "$OUT"
 { date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/null || true
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "${ENV_TXT:-$OUT/env.txt}"
+# train.py's start flag for the run folder $1, its log $1.log (lm.sh, tasks.sh, indirect_indexing.sh): resume from
+# its checkpoint, a "--- resumed" line marking the place in the log, else start afresh with an empty log
+start_flag() {
+    if [ -f "$1/ckpt.pt" ]; then echo "--- resumed" >> "$1.log"; echo --init_from=resume
+    else : > "$1.log"; echo --overwrite=True; fi
+}

@@ -59,7 +59,7 @@ for task in $TASKS; do
         for pe in $POS_EMBS; do
             run=$task-$pe-$s$TAG
             [ -f $OUT/$run-eval.json ] && continue
-            if [ -f $OUT/$run/ckpt.pt ]; then how=--init_from=resume; else how=--overwrite=True; rm -f $OUT/$run.log; fi
+            how=$(start_flag $OUT/$run)
             CUDA_VISIBLE_DEVICES=${GPU[i % ${#GPU[@]}]} python train.py config/$task.py --pos_emb=$pe \
                 --seed=$s --out_dir=$OUT/$run --compile=True $how $EXTRA >> $OUT/$run.log 2>&1 &
             pids+=($!); i=$((i + 1))
