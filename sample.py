@@ -141,9 +141,9 @@ def main(argv=None):
     except (PrepareError, ValueError) as e:
         sys.exit(f"error: {e}")
     if fmt is not None:  # the dataset's own token names, e.g. "<s> C5 G4 E4 C3" for JSB
-        encode = (lambda s: fmt.encode(s, meta)) if hasattr(fmt, "encode") else encode  # noqa: E731
-        # a prompt is the start of a piece: a format that ends each piece with a marker leaves it open
-        encode = (lambda s: fmt.encode_prompt(s, meta)) if hasattr(fmt, "encode_prompt") else encode  # noqa: E731
+        # a prompt is the start of a piece: a format that ends each piece with a marker (genome) leaves it open
+        enc = getattr(fmt, "encode_prompt", None) or getattr(fmt, "encode", None)
+        encode = (lambda s: enc(s, meta)) if enc else encode  # noqa: E731
         decode = (lambda ids: fmt.decode(ids, meta)) if hasattr(fmt, "decode") else decode  # noqa: E731
     if start is None:  # the format's own start of a piece (JSB's <s>, MAESTRO's BOS), else a newline
         start = getattr(fmt, "PROMPT", "\n")
