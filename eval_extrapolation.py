@@ -243,7 +243,11 @@ def write_plot(path, series, lengths):
         from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
     except ImportError:  # parse_args checked it; gone since?
         die(f"--plot {path} needs matplotlib: pip install matplotlib (or drop --plot)")
-    fig = Figure(figsize=(13, 4.5), layout="tight")
+    # the legend goes below both panels, outside the axes: with many series (18 in results/lm) a legend inside
+    # covers the curves; up to 6 columns, the rows balanced, the figure taller by its rows
+    rows = -(-len(series) // 6)
+    ncol = -(-len(series) // rows)
+    fig = Figure(figsize=(13, 4.5 + 0.25 * rows), layout="constrained")
     ax, bx = fig.subplots(1, 2)
     Lmax = max(lengths)
     for s in series:  # a null (infinite) value leaves a gap
@@ -259,7 +263,7 @@ def write_plot(path, series, lengths):
            title=f"NLL by position, windows of {Lmax} tokens")
     for a in (ax, bx):
         a.grid(True, which="both", alpha=0.3)
-        a.legend()
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=ncol, fontsize=8)
     write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
 
 

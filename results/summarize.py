@@ -13,11 +13,17 @@ Usage:
                                                --panel "loss on every token" B/seed*.log --floor 0.0846
                                     # val accuracy (--metric loss: loss) against step, one panel per --panel
                                     # (or one untitled panel of the files given); needs matplotlib
+    python results/summarize.py --extrapolation results/lm/extrapolation.json [--plot OUT.png] \\
+                                              [--labels PoPE,RoPE,RoPE+YaRN]
+                                    # eval_extrapolation.py --json: perplexity by length and NLL by position
+                                    # bucket in the longest windows, mean ± std over seeds per group (--labels:
+                                    # these groups, in this order); --plot: mean over seeds, band min to max
 
 A run is named after its folder (results/lm/seed1337-pope/eval.json -> seed1337-pope),
 or after the file (jsb-pope-1337-eval.json -> jsb-pope-1337). Runs whose names differ
 only in the seed (seed1337, -1337, -s1337) form one group; groups of two or more get
-a mean ± std (sample std) row. Accuracy is the greedy next-token accuracy over the
+a mean ± std (sample std) row. In --extrapolation the seed may sit before a suffix
+(RoPE-s1337+YaRN -> group RoPE+YaRN). Accuracy is the greedy next-token accuracy over the
 scored tokens, in %.
 """
 
@@ -53,6 +59,12 @@ def load(path):
         return evals, train
     r = json.load(open(path))
     return {r["iter"]: {k: v for k, v in r.items() if isinstance(v, dict)}}, {}
+
+
+def group_name(name):
+    """name without its seed (seed1337, -1337, -s1337, anywhere in it): seed1337-pope -> pope,
+    RoPE-s1337+YaRN -> RoPE+YaRN."""
+    return re.sub(r"[-_]?(seed|s)?\d{3,}", "", name).strip("-_") or name
 
 
 def median(xs):
@@ -92,7 +104,7 @@ def summary(paths, skip, ppl):
 
     groups = {}
     for n in runs:
-        groups.setdefault(re.sub(r"[-_]?(seed|s)?\d{3,}", "", n).strip("-_") or n, []).append(n)
+        groups.setdefault(group_name(n), []).append(n)
     grows = []
     for g, names in groups.items():
         if len(names) < 2:
@@ -160,6 +172,91 @@ def plot(out, panels, split, metric, floor):
     print("wrote", out)
 
 
+def mean_std(xs, nd):
+    """'mean ± std' (sample std) of xs, the value alone for one, 'inf' where one is infinite (null in the JSON)."""
+    if any(x is None or math.isinf(x) for x in xs):
+        return "inf"
+    return f"{statistics.mean(xs):,.{nd}f} ± {statistics.stdev(xs):,.{nd}f}" if len(xs) > 1 else f"{xs[0]:,.{nd}f}"
+
+
+def load_extrapolation(path, labels):
+    """(lengths, {group: [series, ...]}) of an eval_extrapolation.py --json file; groups in order of first
+    appearance, or those of labels (a list) in its order."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: {path} not found")
+    try:
+        r = json.load(open(path))
+        lengths, models = [int(L) for L in r["lengths"]], r["models"]
+    except (ValueError, KeyError, TypeError):
+        raise SystemExit(f"error: {path} is not an eval_extrapolation.py --json file (no lengths and models); "
+                         "write one with eval_extrapolation.py --json")
+    groups = {}
+    for label, m in models.items():
+        groups.setdefault(group_name(label), []).append(m)
+    if labels:
+        missing = [g for g in labels if g not in groups]
+        if missing:
+            raise SystemExit(f"error: --labels {','.join(missing)}: no such group in {path}; "
+                             f"the groups are {','.join(groups)}")
+        groups = {g: groups[g] for g in labels}
+    return lengths, groups
+
+
+def extrapolation(path, labels, out):
+    lengths, groups = load_extrapolation(path, labels)
+    Lmax = max(lengths)
+    rows = [[g, str(len(ms))] + [mean_std([m["results"][str(L)]["ppl"] for m in ms], 1) for L in lengths]
+            for g, ms in groups.items()]
+    print("perplexity by context length (mean ± std over seeds)")
+    print(table(["group", "seeds"] + [str(L) for L in lengths], rows))
+    buckets = [(b["start"], b["end"]) for b in next(iter(groups.values()))[0]["results"][str(Lmax)]["buckets"]]
+    rows = [[f"{a}–{b - 1}"] + [mean_std([m["results"][str(Lmax)]["buckets"][i]["nll"] for m in ms], 4)
+                                for ms in groups.values()] for i, (a, b) in enumerate(buckets)]
+    print()
+    print(f"NLL (nats/token) by position, windows of {Lmax} tokens (mean ± std over seeds)")
+    print(table(["positions"] + list(groups), rows))
+    if out:
+        plot_extrapolation(out, lengths, groups)
+
+
+def plot_extrapolation(out, lengths, groups):
+    """Perplexity against length and NLL by position bucket: per group the mean over its seeds, a band from
+    the min to the max; the legend below both panels, outside the axes, so that it covers no curve."""
+    from matplotlib.figure import Figure  # optional: only --plot needs it
+    nrows = -(-len(groups) // 6)
+    ncol = -(-len(groups) // nrows)  # up to 6 columns, the rows balanced
+    fig = Figure(figsize=(13, 4.5 + 0.25 * nrows), layout="constrained")
+    ax, bx = fig.subplots(1, 2)
+    Lmax = max(lengths)
+
+    def value(x):  # null (infinite) in the JSON: a gap
+        return math.nan if x is None or math.isinf(x) else x
+
+    for i, (g, ms) in enumerate(groups.items()):
+        style = dict(color=f"C{i % 10}", ls="-" if i < 10 else "--")  # past 10 colours, dashed
+        buckets = ms[0]["results"][str(Lmax)]["buckets"]
+        for a, xs, ys, marker in (
+                (ax, lengths, [[value(m["results"][str(L)]["ppl"]) for m in ms] for L in lengths], "o"),
+                (bx, [(b["start"] + b["end"] - 1) / 2 for b in buckets],
+                 [[value(m["results"][str(Lmax)]["buckets"][j]["nll"]) for m in ms] for j in range(len(buckets))], ".")):
+            a.plot(xs, [statistics.mean(y) for y in ys], marker=marker, label=f"{g} ({len(ms)})", **style)
+            if len(ms) > 1:
+                a.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=style["color"], alpha=0.2, lw=0)
+    for T in sorted({m["block_size"] for ms in groups.values() for m in ms}):  # the training contexts
+        for a in (ax, bx):
+            a.axvline(T, color="gray", linestyle=":", linewidth=1)
+    ax.set(yscale="log", xlabel="context length (tokens)", ylabel="perplexity", title="Perplexity against length")
+    bx.set(xlabel="position in the window (bucket centre)", ylabel="NLL (nats/token)",
+           title=f"NLL by position, windows of {Lmax} tokens")
+    for a in (ax, bx):
+        a.grid(True, which="both", alpha=0.3)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=ncol, fontsize=8,
+               title="group (seeds): mean over seeds, band min to max; dotted: training context")
+    fig.savefig(out + ".tmp.png", dpi=120)
+    os.replace(out + ".tmp.png", out)
+    print("wrote", out)
+
+
 def diff(paths, lo, hi, window, skip):
     if len(paths) % 2:
         raise SystemExit("error: --diff takes pairs of metrics.jsonl files")
@@ -202,7 +299,18 @@ def main():
     ap.add_argument("--metric", default="acc", choices=["acc", "loss"], help="--plot: the metric (default acc)")
     ap.add_argument("--floor", type=float, default=None,
                     help="--plot: a grey line at this value in every panel (e.g. a task's content floor)")
+    ap.add_argument("--extrapolation", default=None, metavar="JSON",
+                    help="tables (and with --plot a figure) of an eval_extrapolation.py --json file, by group of seeds")
+    ap.add_argument("--labels", default=None, metavar="GROUP,GROUP",
+                    help="--extrapolation: the groups shown, in this order (default all, in the file's order)")
     a = ap.parse_args()
+    if a.extrapolation:
+        if a.files or a.panel:
+            ap.error("--extrapolation takes no other files or --panel")
+        extrapolation(a.extrapolation, a.labels.split(",") if a.labels else None, a.plot)
+        return
+    if a.labels:
+        ap.error("--labels goes with --extrapolation JSON")
     panels = ([("", a.files)] if a.files else []) + [(t, fs) for t, *fs in a.panel]
     if not panels or not all(fs for _, fs in panels):
         ap.error("give files, or --plot OUT.png --panel TITLE FILE [FILE ...] with at least one file each")

@@ -4,7 +4,9 @@ results/check_numbers.py: the file that holds each number of a markdown page, or
 results/delta_stats.py: the phases of PoPE's delta in checkpoints."""
 import json
 import os
+import random
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -237,3 +239,54 @@ def test_delta_stats_table_and_a_checkpoint_without_delta(tmp_path):
         r = run_here([REPO / "results" / "delta_stats.py", *order], tmp_path, check=False)
         assert r.returncode == 1 and r.stdout == "", r.stdout
         assert r.stderr == f"error: {paths[2]} has no PoPE delta (pos_emb='rope'); pass PoPE checkpoints only\n"
+
+
+def test_extrapolation_groups_seeds_mean_std_labels_and_plot(tmp_path):
+    """--extrapolation on an eval_extrapolation.py --json file: series whose labels differ only in the seed
+    (also before a +YaRN suffix) form one group; each cell the mean ± sample std over its seeds, the value alone
+    for one seed; --labels picks and orders the groups, an unknown one is a one-line error; --plot writes a PNG."""
+    seed = random.SystemRandom().randrange(2**32)
+    rng = random.Random(seed)
+    lengths, bucket = [64, 128, 256], 64
+    labels = ["PoPE-s1337", "RoPE-s1337+YaRN", "PoPE-s1338", "RoPE-s1338+YaRN", "PoPE-s1339", "RoPE-s1339+YaRN",
+              "RoPE+YaRN-ft-s1337+YaRN"]
+    models = {}
+    for label in labels:
+        results = {}
+        for L in lengths:
+            results[str(L)] = {"ppl": rng.uniform(10, 900), "nll": rng.uniform(2, 6), "tokens": 1024, "buckets": [
+                {"start": a, "end": a + bucket, "nll": rng.uniform(2, 6), "ppl": 1.0, "tokens": 16}
+                for a in range(0, L, bucket)]}
+        models[label] = {"label": label, "block_size": 128 if "ft" in label else 64, "results": results}
+    path = tmp_path / "extrapolation.json"
+    path.write_text(json.dumps({"lengths": lengths, "bucket_size": bucket, "models": models}))
+    groups = {"PoPE": labels[0:6:2], "RoPE+YaRN": labels[1:6:2], "RoPE+YaRN-ft+YaRN": labels[6:]}
+
+    def cell(xs, nd):
+        return f"{statistics.mean(xs):.{nd}f} ± {statistics.stdev(xs):.{nd}f}" if len(xs) > 1 else f"{xs[0]:.{nd}f}"
+
+    rows = summarize("--extrapolation", path)
+    assert list(rows) == ["group", *groups, "positions", "0–63", "64–127", "128–191", "192–255"], (seed, rows)
+    assert rows["group"] == ["seeds", "64", "128", "256"] and rows["positions"] == list(groups), (seed, rows)
+    for g, members in groups.items():
+        want = [str(len(members))] + [cell([models[m]["results"][str(L)]["ppl"] for m in members], 1) for L in lengths]
+        assert rows[g] == want, (seed, g, rows[g], want)
+    for i, a in enumerate(range(0, 256, bucket)):
+        want = [cell([models[m]["results"]["256"]["buckets"][i]["nll"] for m in members], 4) for members in groups.values()]
+        assert rows[f"{a}–{a + bucket - 1}"] == want, (seed, a, rows[f"{a}–{a + bucket - 1}"], want)
+    assert " ± " not in "".join(rows["RoPE+YaRN-ft+YaRN"]) and " ± " in rows["PoPE"][1], (seed, rows)
+
+    rows = summarize("--extrapolation", path, "--labels", "RoPE+YaRN-ft+YaRN,PoPE", "--plot", tmp_path / "e.png")
+    assert list(rows)[:3] == ["group", "RoPE+YaRN-ft+YaRN", "PoPE"] and "RoPE+YaRN" not in rows, (seed, rows)
+    assert rows["positions"] == ["RoPE+YaRN-ft+YaRN", "PoPE"], (seed, rows)
+    assert rows["0–63"] == [cell([models[m]["results"]["256"]["buckets"][0]["nll"] for m in groups[g]], 4)
+                            for g in ("RoPE+YaRN-ft+YaRN", "PoPE")], (seed, rows["0–63"])
+    png = (tmp_path / "e.png").read_bytes()
+    assert len(png) > 1000 and png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.png", "extrapolation.json"]  # no temp file left
+
+    r = subprocess.run([sys.executable, str(REPO / "results" / "summarize.py"), "--extrapolation", str(path),
+                        "--labels", "PoPE,RoPE", "--plot", str(tmp_path / "x.png")], capture_output=True, text=True)
+    assert r.returncode != 0 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r
+    assert "RoPE" in r.stderr and "the groups are PoPE,RoPE+YaRN,RoPE+YaRN-ft+YaRN" in r.stderr, r.stderr
+    assert not (tmp_path / "x.png").exists()
