@@ -16,7 +16,7 @@
 # Needs:   1-2 CUDA GPUs (pretraining runs spread over CUDA_VISIBLE_DEVICES, default: all; side by
 #          side on one); the English text in ../shared/data/text (or set SHARED): data/english is
 #          made here if missing (the command in config/english_small.py).
-# Time:    H200: about 12 min on one GPU for two seeds and three BOUNDS (8 pretraining runs side by side).
+# Time:    H200: about 15 min on one GPU for three seeds and three BOUNDS (12 pretraining runs side by side).
 # Outputs: results/lm/
 #          seed<S>-<pe>.log, seed<S>-<pe>/metrics.jsonl     pretraining (ckpt.pt beside: the final checkpoint);
 #                                                           seed<S>-pope is the default bound (wrap), seed<S>-pope-<bound> the others
