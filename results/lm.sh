@@ -27,7 +27,7 @@
 #          memory-124m.log / .json                          the 124M memory check (its checkpoints are deleted)
 #          env.txt
 # Settings (environment variables):
-#   SEEDS="1337 1338"  pretraining seeds; the first is fine-tuned
+#   SEEDS="1337 1338 1339"  pretraining seeds (RESULTS.md: these three); the first is fine-tuned
 #   BOUNDS="wrap clamp project"  PoPE's delta bounds to pretrain (wrap, the default, is the one fine-tuned)
 #   SHARED=../shared/data   where the source text lives
 #   EXTRA="--key=value ..."  appended to every train.py call
@@ -37,7 +37,7 @@
 # unfinished fine-tune starts again. Delete $OUT/<run>.log and $OUT/<run>/ to redo a run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SEEDS=${SEEDS:-1337 1338}
+SEEDS=${SEEDS:-1337 1338 1339}
 BOUNDS=${BOUNDS:-wrap clamp project}
 SHARED=${SHARED:-../shared/data}
 EXTRA=${EXTRA:-}
