@@ -2,7 +2,8 @@
 Benchmarks and GPU checks for the PoPE kernel and the model.
 
 Usage:
-    python bench.py kernel     # PoPE kernel vs PyTorch path, RoPE+SDPA, SDPA d=128 (fwd, fwd+bwd eager and graphed)
+    python bench.py kernel     # PoPE kernel vs PyTorch path, RoPE+SDPA, SDPA d=128 (fwd, fwd+bwd eager and graphed),
+                               # and each path's GPU time per CUDA kernel (torch.profiler)
     python bench.py check      # kernel forward + 4 gradients vs float64 on the GPU, bitwise determinism;
                                # the decoding kernel vs float64 at context 8k; graphed greedy decoding
                                # equals eager decoding token for token;
@@ -152,6 +153,22 @@ def peak_mb(fn):
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
+def gpu_kernels(step, leaves, n=10):
+    """[(kernel name, GPU µs per call of step)], longest first: n profiled calls after a warm one.
+    Names are cut at 40 characters (cuDNN's and cuBLAS's run long)."""
+    from torch.profiler import ProfilerActivity, profile
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(n):
+            for x in leaves:
+                x.grad = None
+            step()
+        torch.cuda.synchronize()
+    events = [(e.key[:40], e.self_device_time_total / n) for e in p.key_averages() if e.self_device_time_total > 0]
+    return sorted(events, key=lambda e: -e[1])
+
+
 def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
     dtype = torch.bfloat16
     header("attention, causal, bf16, median ms")
@@ -188,9 +205,13 @@ def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
             t_g = graph_ms(lambda: f().backward(g), leaves)
             for x in leaves:
                 x.grad = None
-            rows.append(dict(path=name, shape=(B, H, T, D), fwd=t_f, fwdbwd=t_fb, graph=t_g, peak_mb=mem))
+            rows.append(dict(path=name, shape=(B, H, T, D), fwd=t_f, fwdbwd=t_fb, graph=t_g, peak_mb=mem,
+                             kernels=gpu_kernels(lambda: f().backward(g), leaves)))
             print(f"{name:26s} {f'{B},{H},{T},{D}':14s} {t_f:7.3f} {t_fb:8.3f} {t_g:7.3f} "
                   f"{flops / t_g * 1e-9:8.1f} {mem:8.0f}", flush=True)
+        for r in rows[-len(paths):]:  # where each path's GPU time goes, kernel by kernel
+            print(f"  {r['path']:24s} GPU µs per fwd+bwd: "
+                  + ", ".join(f"{name} {us:.1f}" for name, us in r["kernels"]), flush=True)
         paths = leaves = q = k = v = q2 = k2 = v2 = None
         torch.cuda.empty_cache()
     return rows
