@@ -240,6 +240,7 @@ def write_plot(path, series, lengths):
     """Two panels: perplexity against length, and the NLL by position bucket in the longest windows (where a
     model that does not extrapolate breaks: the average over the window dilutes it)."""
     try:
+        import matplotlib
         from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
     except ImportError:  # parse_args checked it; gone since?
         die(f"--plot {path} needs matplotlib: pip install matplotlib (or drop --plot)")
@@ -250,11 +251,15 @@ def write_plot(path, series, lengths):
     fig = Figure(figsize=(13, 4.5 + 0.25 * rows), layout="constrained")
     ax, bx = fig.subplots(1, 2)
     Lmax = max(lengths)
-    for s in series:  # a null (infinite) value leaves a gap
-        ax.plot(lengths, [s["results"][str(L)]["ppl"] or math.nan for L in lengths], marker="o", label=s["label"])
-        rows = s["results"][str(Lmax)]["buckets"]
-        bx.plot([(b["start"] + b["end"] - 1) / 2 for b in rows], [b["nll"] or math.nan for b in rows], marker=".",
-                label=s["label"])
+    # matplotlib's default cycle has 10 colours: past 10 series, 20 (tab20), so that two series share one only past 20
+    colors = [f"C{i % 10}" for i in range(len(series))] if len(series) <= 10 else \
+        [matplotlib.colormaps["tab20"](i % 20) for i in range(len(series))]
+    for s, color in zip(series, colors):  # a null (infinite) value leaves a gap
+        ax.plot(lengths, [s["results"][str(L)]["ppl"] or math.nan for L in lengths], marker="o", label=s["label"],
+                color=color)
+        buckets = s["results"][str(Lmax)]["buckets"]
+        bx.plot([(b["start"] + b["end"] - 1) / 2 for b in buckets], [b["nll"] or math.nan for b in buckets],
+                marker=".", label=s["label"], color=color)
     for T in sorted({s["block_size"] for s in series}):  # the training contexts
         for a in (ax, bx):
             a.axvline(T, color="gray", linestyle=":", linewidth=1)
