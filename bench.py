@@ -203,10 +203,11 @@ def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
             t_fb = bench_ms(lambda: f().backward(g), grad_to_none=leaves)
             mem = peak_mb(lambda: f().backward(g))
             t_g = graph_ms(lambda: f().backward(g), leaves)
-            for x in leaves:
+            kernels = gpu_kernels(lambda: f().backward(g), leaves)
+            for x in leaves:  # (the next path starts without gradients)
                 x.grad = None
             rows.append(dict(path=name, shape=(B, H, T, D), fwd=t_f, fwdbwd=t_fb, graph=t_g, peak_mb=mem,
-                             kernels=gpu_kernels(lambda: f().backward(g), leaves)))
+                             kernels=kernels))
             print(f"{name:26s} {f'{B},{H},{T},{D}':14s} {t_f:7.3f} {t_fb:8.3f} {t_g:7.3f} "
                   f"{flops / t_g * 1e-9:8.1f} {mem:8.0f}", flush=True)
         for r in rows[-len(paths):]:  # where each path's GPU time goes, kernel by kernel
