@@ -270,6 +270,7 @@ def write_plot(path, series, lengths):
         a.grid(True, which="both", alpha=0.3)
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=ncol, fontsize=8)
     write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    return fig
 
 
 def main(argv=None):

@@ -386,6 +386,23 @@ def test_plot(env, tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == ["p.png", "r.json"]  # no temp files left
 
 
+def test_plot_colours_stay_distinct_past_ten_series(tmp_path):
+    """matplotlib's default cycle repeats after 10 colours (two of results/lm's 18 series shared one): up to 20
+    series every line gets its own colour, in both panels, and the legend sits below the panels, not on them."""
+    to_rgba = pytest.importorskip("matplotlib.colors").to_rgba
+    for n in (3, 12, 20):
+        series = [{"label": f"m{i}", "block_size": 32,
+                   "results": {str(L): {"ppl": 10.0 + i, "buckets": [{"start": 0, "end": 32, "nll": 2.0 + i / 100}]}
+                               for L in (32, 64)}} for i in range(n)]
+        fig = ex.write_plot(str(tmp_path / f"p{n}.png"), series, [32, 64])
+        for a in fig.axes:
+            colours = {to_rgba(line.get_color()) for line in a.get_lines()
+                       if line.get_label() in {s["label"] for s in series}}
+            assert len(colours) == n, (n, len(colours))
+            assert a.get_legend() is None
+        assert len(fig.legends) == 1 and len(fig.legends[0].get_texts()) == n
+
+
 def test_plot_without_matplotlib_is_an_error_before_the_run(env, tmp_path, monkeypatch):
     """It was a note on stdout and exit 0: the user asked for a plot."""
     for name in ("matplotlib", "matplotlib.figure"):
