@@ -14,8 +14,10 @@ Usage:
     python bench.py sample_cli # what a user sees: fresh `python sample.py` processes, default vs --compile
     python bench.py host       # host (CPU) time per eager call and a cProfile of it: PoPE kernel fwd+bwd, decoding
     python bench.py decode     # decode_attention's launch constants (warps, programs, tile) against its time
+    python bench.py sweep      # every launch config of each attention kernel, timed at the benchmark shapes
     python bench.py aot        # no GPU needed: compile every kernel config for sm_90; registers, spills, shared memory
-    options: --json PATH (sample, sample_cli, decode: the rows as JSON), --modes eager,graph,compile (sample)
+    options: --json PATH (sample, sample_cli, decode, sweep: the rows as JSON), --modes eager,graph,compile (sample),
+             --head_dim 32|64|128 (sweep)
 
 Every table is printed with the GPU, torch and triton versions; RESULTS.md
 quotes them with their command and date. Timings are medians of
@@ -343,6 +345,81 @@ def decode_sweep(warps=(4, 8), programs=(12, 96, 512, 1024, 2048), tiles=(4096, 
             torch.cuda.empty_cache()
     finally:
         pk._DECODE_WARPS, pk._DECODE_PROGRAMS, pk._DECODE_TILE = saved
+    return rows
+
+
+# launch configs (BLOCK_M, BLOCK_N, num_warps, num_stages) that `bench.py sweep` times, per kernel
+SWEEP = {
+    "fwd": [(m, n, w, s) for m in (64, 128) for n in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)],
+    "dkdv": [(m, n, w, s) for m in (16, 32, 64) for n in (32, 64, 128) for w in (4, 8) for s in (2, 3)],
+    "dq": [(m, n, w, s) for m in (32, 64, 128) for n in (16, 32, 64) for w in (4, 8) for s in (2, 3, 4)],
+}
+
+
+def sweep(D=64, shapes=((8, 1024), (16, 1024), (2, 4096), (1, 16384))):
+    """Time every config in SWEEP for each attention kernel at each shape (causal, bf16), the
+    others fixed: fwd is one forward (its key pre-pass included), dkdv and dq one backward (its
+    pre-passes, the other kernel at its fixed config and the ddelta sum included), so within a
+    kernel's column the differences are that kernel's. shapes are (B, T) with 768 / D heads;
+    (16, 1024) at D=64 is the 124M model's step.
+    Every config is compiled first, on all cores at once; a config that does not fit (shared
+    memory, registers) is reported as such. Returns rows of (kernel, shape, config, ms or None)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from triton.runtime._async_compile import AsyncCompileMode  # (Triton 3.6: parallel compilation)
+    fixed = {"fwd": (64, 64, 4, 3), "dkdv": (32, 64, 4, 3), "dq": (64, 32, 4, 3)} if D <= 64 else \
+        {kind: pk._BLOCKS[kind][128][0] for kind in pk._BLOCKS}
+    header(f"launch config sweep, D={D}, causal, bf16, median ms (fwd: forward; dkdv, dq: backward)")
+    saved = pk._AUTOTUNE, pk._launch, {kind: dict(pk._BLOCKS[kind]) for kind in pk._BLOCKS}
+    pk._AUTOTUNE = False  # _fwd and _bwd launch _BLOCKS[kind][D][0]
+
+    def use(kind, config):
+        pk._BLOCKS[kind][D] = [config]
+
+    def calls(*args):  # the (kernel, args, kwargs) of every attention launch of one forward and backward
+        got = []
+        pk._launch = lambda kernel, tuned, blocks, grid, a, kw, key: got.append((kernel, a, kw)) or blocks[1]
+        try:
+            out, lse = pk._fwd(*args[1:4], *args[4:6], True, D ** -0.5, 0)
+            pk._bwd(*args, out, lse, True, D ** -0.5, 0)
+        finally:
+            pk._launch = saved[1]
+        return got
+
+    rows = []
+    try:
+        for B, T in shapes:
+            H = 768 // D
+            q, k, v, delta, do = inputs(B, H, T, T, D, torch.bfloat16, seed=T)
+            args = (do, q, k, v, pope_delta(delta), frequencies(D, q.device))
+            for kind in fixed:
+                use(kind, fixed[kind])
+            with AsyncCompileMode(ThreadPoolExecutor(os.cpu_count()), ignore_errors=True):
+                for (kernel, a, kw), kind in zip(calls(*args), ("fwd", "dkdv", "dq")):
+                    for m, n, w, st in SWEEP[kind]:
+                        kernel.warmup(*a, grid=(1,), **kw, BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
+            for kind in ("fwd", "dkdv", "dq"):
+                run = ((lambda: pk._fwd(q, k, v, *args[4:], True, D ** -0.5, 0)) if kind == "fwd" else
+                       (lambda: pk._bwd(*args, out, lse, True, D ** -0.5, 0)))
+                out, lse = pk._fwd(q, k, v, *args[4:], True, D ** -0.5, 0)
+                for config in SWEEP[kind]:
+                    use(kind, config)
+                    try:
+                        ms = bench_ms(run)
+                    except Exception as e:  # (triton's OutOfResources, or a compile that failed)
+                        ms, why = None, f"{type(e).__name__}: {str(e)[:60]}"
+                    rows.append(dict(kernel=kind, shape=(B, H, T, D), config=config, ms=ms))
+                    print(f"{kind:5s} {f'{B},{H},{T},{D}':14s} {str(config):18s} "
+                          + (f"{ms:8.4f}" if ms is not None else f"   -      {why}"), flush=True)
+                use(kind, fixed[kind])
+                best = min((r for r in rows if r["kernel"] == kind and r["shape"] == (B, H, T, D) and r["ms"]),
+                           key=lambda r: r["ms"])
+                print(f"# best {kind} at {B},{H},{T},{D}: {best['config']} {best['ms']:.4f} ms", flush=True)
+            q = k = v = do = args = out = lse = None
+            torch.cuda.empty_cache()
+    finally:
+        pk._AUTOTUNE, pk._launch = saved[:2]
+        for kind, blocks in saved[2].items():
+            pk._BLOCKS[kind].update(blocks)
     return rows
 
 
@@ -788,9 +865,11 @@ def aot():
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", nargs="+", choices=["kernel", "check", "train", "sample", "sample_cli", "aot", "host",
-                                                "decode"],
+                                                "decode", "sweep"],
                     help="one or more benchmarks, run in the order given")
-    ap.add_argument("--json", default=None, help="sample, sample_cli, decode: also write the rows to this JSON file")
+    ap.add_argument("--json", default=None,
+                    help="sample, sample_cli, decode, sweep: also write the rows to this JSON file")
+    ap.add_argument("--head_dim", type=int, default=64, choices=[32, 64, 128], help="sweep: the head dim")
     ap.add_argument("--modes", default="eager,graph,compile",
                     help="sample: decoding modes to measure, comma-separated (compile takes ~15 s per row)")
     a = ap.parse_args()
@@ -820,3 +899,5 @@ if __name__ == "__main__":
             host()
         if what == "decode":
             write_json(a.json, "decode", decode_sweep())
+        if what == "sweep":
+            write_json(a.json, "sweep", sweep(a.head_dim))
