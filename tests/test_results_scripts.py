@@ -1,7 +1,8 @@
 """results/summarize.py: tables from eval.json, metrics.jsonl and training logs (take-off steps, mean ± std)
 and the --plot figure;
 results/check_numbers.py: the file that holds each number of a markdown page, or NO FILE;
-results/delta_stats.py: the phases of PoPE's delta in checkpoints."""
+results/delta_stats.py: the phases of PoPE's delta in checkpoints;
+results/kernel/targets.py: the kernel's targets with their numbers, from bench.py's raw outputs."""
 import json
 import os
 import random
@@ -290,3 +291,50 @@ def test_extrapolation_groups_seeds_mean_std_labels_and_plot(tmp_path):
     assert r.returncode != 0 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r
     assert "RoPE" in r.stderr and "the groups are PoPE,RoPE+YaRN,RoPE+YaRN-ft+YaRN" in r.stderr, r.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+def targets(*args):
+    return subprocess.run([sys.executable, str(REPO / "results" / "kernel" / "targets.py"), *map(str, args)],
+                          capture_output=True, text=True)
+
+
+def test_kernel_targets_ratios_and_verdicts(tmp_path):
+    """results/kernel/targets.py: each ratio is measured / reference from the raw lines, and a target is met only
+    at or under its bound; a file without the lines it needs is a one-line error naming the command to run."""
+    rows = {"pope kernel": (0.2, 0.9, 0.6, 80), "rope+SDPA d=64": (0.2, 0.75, 0.5, 100),
+            "SDPA d=128": (0.1, 0.3, 0.3, 150)}
+    (tmp_path / "kernel.txt").write_text("# header\npath B,H,T,D fwd fwd+bwd graph TFLOP/s peak MB\n" + "".join(
+        f"{name:26s} 8,12,1024,64   {f:7.3f} {fb:8.3f} {g:7.3f}    100.0 {mb:8d}\n"
+        for name, (f, fb, g, mb) in rows.items()))
+    (tmp_path / "train.txt").write_text("rope  attn_impl=auto      40.00 ms/step  1 tok/s\n"
+                                        "pope  attn_impl=triton    41.00 ms/step  1 tok/s\n")
+    (tmp_path / "host.txt").write_text("pope kernel fwd+bwd (with pope_delta, as model.py)   host    150.0   x\n"
+                                       "rope + SDPA fwd+bwd                                  host    300.0   x\n")
+    (tmp_path / "check.txt").write_text("ok a bitwise-deterministic=True\nok b bitwise-deterministic=False\n")
+    paths = ["--kernel", tmp_path / "kernel.txt", "--train", tmp_path / "train.txt", "--host", tmp_path / "host.txt",
+             "--check", tmp_path / "check.txt"]
+    r = targets(*paths)
+    assert r.returncode == 0, r.stderr
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in r.stdout.splitlines()[2:]]
+    got = {(c[0], c[1]): c[2:] for c in cells}  # (target, shape) -> [measured, ratio, met]
+    assert got["fwd+bwd graph ≤ SDPA d=128 graph", "8,12,1024,64"] == ["0.600 vs 0.300 ms", "2.00", "no"]
+    assert got["fwd+bwd graph ≤ eager RoPE + SDPA", "8,12,1024,64"][1:] == ["0.80", "yes"]  # 0.6 / 0.75
+    assert got["eager fwd+bwd ≤ eager RoPE + SDPA", "8,12,1024,64"][1:] == ["1.20", "no"]  # 0.9 / 0.75
+    assert got["eager minus graph ≤ 0.2 ms", "8,12,1024,64"] == ["0.300 ms", "–", "no"]
+    assert got["host time of an eager fwd+bwd ≤ 0.2 ms", "8,12,1024,64"][1:] == ["0.50 of RoPE's", "yes"]
+    assert got["124M step ≤ 1.05× RoPE", "16 × 1024"][1:] == ["1.025", "yes"]  # 41 / 40
+    assert got["peak memory ≤ RoPE + SDPA's", "8,12,1024,64"] == ["80 vs 100 MB", "0.80", "yes"]
+    assert got["bitwise-deterministic gradients", "bench.py check"] == ["1 of 2 cases", "–", "no"]
+    (tmp_path / "train.txt").write_text("rope  attn_impl=auto      40.00 ms/step\n")
+    r = targets(*paths)
+    assert r.returncode != 0 and "pope  attn_impl=triton" in r.stderr and "bench.py train" in r.stderr, r.stderr
+    (tmp_path / "kernel.txt").write_text("nothing here\n")
+    r = targets(*paths)
+    assert r.returncode != 0 and "bench.py kernel" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_kernel_targets_page_is_the_scripts_output_on_the_committed_files():
+    """results/kernel/targets.md is what targets.py prints from the raw files next to it (RESULTS.md quotes it)."""
+    r = targets("--before", REPO / "results" / "kernel" / "bench-kernel-ab-before.txt")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == (REPO / "results" / "kernel" / "targets.md").read_text()

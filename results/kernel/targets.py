@@ -36,6 +36,12 @@ def kernel_rows(path):
     return rows
 
 
+def need(table, key, path, command):
+    if key not in table:
+        raise SystemExit(f"error: no '{key}' line in {path}; give {command}'s output")
+    return table[key]
+
+
 k = kernel_rows(a.kernel)
 before = kernel_rows(a.before) if a.before else {}
 shapes = [s for (name, s) in k if name == "pope kernel"]
@@ -62,11 +68,12 @@ for s in shapes:
 s = shapes[0]
 print(f"| eager minus graph ≤ 0.2 ms | {s} | {k['pope kernel', s][1] - k['pope kernel', s][2]:.3f} ms | – | "
       f"{'yes' if k['pope kernel', s][1] - k['pope kernel', s][2] <= 0.2 else 'no'} |")
-pope_host = host["pope kernel fwd+bwd (with pope_delta, as model.py)"]
-rope_host = host["rope + SDPA fwd+bwd"]
+pope_host = need(host, "pope kernel fwd+bwd (with pope_delta, as model.py)", a.host, "bench.py host")
+rope_host = need(host, "rope + SDPA fwd+bwd", a.host, "bench.py host")
 print(f"| host time of an eager fwd+bwd ≤ 0.2 ms | {s} | {pope_host:.1f} µs (RoPE + SDPA {rope_host:.1f}) | "
       f"{pope_host / rope_host:.2f} of RoPE's | {'yes' if pope_host <= 200 else 'no'} |")
-r, p = step["rope  attn_impl=auto"], step["pope  attn_impl=triton"]
+r = need(step, "rope  attn_impl=auto", a.train, "bench.py train")
+p = need(step, "pope  attn_impl=triton", a.train, "bench.py train")
 print(f"| 124M step ≤ 1.05× RoPE | 16 × 1024 | {p:.2f} vs {r:.2f} ms | {p / r:.3f} | {'yes' if p <= 1.05 * r else 'no'} |")
 for s in shapes:
     ours, rope = k["pope kernel", s][3], k["rope+SDPA d=64", s][3]
