@@ -2,7 +2,7 @@
 Benchmarks and GPU checks for the PoPE kernel and the model.
 
 Usage:
-    python bench.py kernel     # PoPE kernel vs PyTorch path, RoPE+SDPA, SDPA d=128 (fwd, fwd+bwd eager and graphed),
+    python bench.py kernel     # PoPE kernel vs PyTorch path, RoPE+SDPA, SDPA d=64 and d=128 (fwd, fwd+bwd eager, graphed),
                                # and each path's GPU time per CUDA kernel (torch.profiler)
     python bench.py check      # kernel forward + 4 gradients vs float64 on the GPU, bitwise determinism;
                                # the decoding kernel vs float64 at context 8k; graphed greedy decoding
@@ -196,6 +196,7 @@ def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
             "pope kernel": (lambda: kernel_attention(q, k, v, delta), 2 * D, D, do),
             "pope torch (cart.+SDPA)": (lambda: torch_attention(q, k, v, delta), 2 * D, D, do),
             f"rope+SDPA d={D}": (lambda: rope_sdpa(q, k, v), D, D, do),
+            f"SDPA d={D}": (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), D, D, do),
             f"SDPA d={2 * D}": (lambda: F.scaled_dot_product_attention(q2, k2, v2, is_causal=True), 2 * D, 2 * D, do2),
         }
         for name, (f, dqk, dv_, g) in paths.items():
