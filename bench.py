@@ -13,11 +13,14 @@ Usage:
                                # eager, CUDA graph, compiled + graph
     python bench.py sample_cli # what a user sees: fresh `python sample.py` processes, default vs --compile
     python bench.py host       # host (CPU) time per eager call and a cProfile of it: PoPE kernel fwd+bwd, decoding
+    python bench.py launch     # host time of one Triton launch: the JIT, the compiled kernel's runner, its bare launcher
     python bench.py decode     # decode_attention's launch constants (warps, programs, tile) against its time
     python bench.py sweep      # every launch config of each attention kernel, timed at the benchmark shapes
-    python bench.py aot        # no GPU needed: compile every kernel config for sm_90; registers, spills, shared memory
+    python bench.py ab --variant F  # the forward of pope_kernel.py against a modified copy F, each config, 4 shapes
+    python bench.py aot        # no GPU needed: compile every kernel config for sm_90; registers, spills, shared memory;
+                               # whether Triton specialises the forward's warps on sm_90
     options: --json PATH (sample, sample_cli, decode, sweep: the rows as JSON), --modes eager,graph,compile (sample),
-             --head_dim 32|64|128 (sweep)
+             --head_dim 32|64|128 (sweep), --variant PATH (ab)
 
 Every table is printed with the GPU, torch and triton versions; RESULTS.md
 quotes them with their command and date. Timings are medians of
@@ -28,6 +31,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -221,6 +225,24 @@ def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
     return rows
 
 
+def host_us(f, n, leaves=(), warmup=5):
+    """Microseconds per call of f on the host, n calls queued without a sync (the GPU does not hold
+    the host back while its queue has room; leaves' gradients cleared after each), and per call
+    with the GPU's finish."""
+    for _ in range(warmup):
+        f()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        f()
+        for x in leaves:
+            x.grad = None
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
+
+
 def host(B=8, H=12, T=1024, D=64, n=50):
     """Host (CPU) time of one eager call, where the eager rows of `kernel` are bound: n calls
     queued without a sync (the GPU does not hold the host back while its queue has room), then
@@ -250,19 +272,8 @@ def host(B=8, H=12, T=1024, D=64, n=50):
         "torch.empty (B,H,T,2D)": lambda: torch.empty((B, H, T, 2 * D), device="cuda", dtype=q.dtype),
     }
     for name, f in paths.items():
-        for _ in range(5):
-            f()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            f()
-            for x in leaves + [wrapped]:
-                x.grad = None
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        print(f"{name:52s} host {(t1 - t0) / n * 1e6:8.1f}   with the GPU's finish {(t2 - t0) / n * 1e6:8.1f}",
-              flush=True)
+        us, finish = host_us(f, n, leaves + [wrapped])
+        print(f"{name:52s} host {us:8.1f}   with the GPU's finish {finish:8.1f}", flush=True)
     for name in ("pope kernel fwd+bwd (with pope_delta, as model.py)",):
         prof = cProfile.Profile()
         prof.enable()
@@ -300,6 +311,96 @@ def host(B=8, H=12, T=1024, D=64, n=50):
     print("# CUDA kernels of eager decoding: a prefill and 10 one-token steps, totals")
     print(p.key_averages().table(sort_by="cuda_time_total", row_limit=25))
     print(f"# {sum(e.count for e in p.key_averages()) / 10:.0f} kernels per step (the prefill's included)", flush=True)
+
+
+def launch(n=300):
+    """Host time of one Triton launch of the PoPE kernels, four ways: through pope_kernel's wrapper (allocation
+    included), through Triton's JIT launch (`kernel[grid](...)`: argument binding, specialisation key, cache
+    lookup), through the compiled kernel's runner (`compiled[grid](...)`, the binding skipped) and through its
+    bare launcher (`compiled.run(...)` with the stream and arguments prepared once); microseconds per launch, n
+    launches queued, at a shape small enough that the GPU never holds the host back."""
+    import triton
+    from triton import knobs
+    B, H, T, D = 1, 2, 128, 64
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    theta, delta = pope_frequencies(D, device="cuda"), torch.zeros(H, D, device="cuda")
+    kc = torch.empty(B, H, T, 2 * D, device="cuda", dtype=q.dtype)
+    out, lse = torch.empty_like(q), torch.empty(B, H, T, device="cuda")
+    launches = {
+        "key pre-pass (_cartesian_kernel)": (
+            pk._cartesian_kernel, (pk._cdiv(T, pk._PREP_BLOCK_T), B * H),
+            (k, kc, theta, delta, k, k, kc, *k.stride(), *k.stride(), *k.stride(), H, T, 0),
+            dict(HEAD_DIM=D, BLOCK_T=pk._PREP_BLOCK_T, HAS_DELTA=True, WITH_DI=False), dict(num_warps=4)),
+        "forward (_pope_fwd), 64x64/4/3": (
+            pk._pope_fwd, (pk._cdiv(T, 64), B * H),
+            (q, kc, v, out, lse, theta, *q.stride(), *v.stride(), *out.stride(), D ** -0.5 * 1.4426950408889634,
+             H, T, T, 0, pk._bucket(T), pk._bucket(T)),
+            dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=64, CAUSAL=True, DOT_PREC="tf32"), dict(num_warps=4, num_stages=3)),
+    }
+    us = lambda f: host_us(f, n, warmup=10)[0]  # noqa: E731
+    print(f"# host µs per launch, {n} launches queued: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"triton {triton.__version__}", flush=True)
+    print(f"{'pope_kernel._cartesian (wrapper, allocates)':48s} {us(lambda: pk._cartesian(k, theta, delta, 0)):8.1f}")
+    for name, (kernel, grid, args, consts, opts) in launches.items():
+        compiled = kernel[grid](*args, **consts, **opts)
+        full = list(args) + [consts[a] for a in kernel.arg_names[len(args):]]  # every parameter, constexprs too
+        stream = triton.runtime.driver.active.get_current_stream(torch.cuda.current_device())
+        runner = compiled[(*grid, 1)]  # (a runner takes a 3-d grid)
+        bare = (grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None,
+                knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)
+        print(f"{name:48s} JIT {us(lambda: kernel[grid](*args, **consts, **opts)):8.1f}   "
+              f"compiled runner {us(lambda: runner(*full)):8.1f}   "
+              f"bare launcher {us(lambda: compiled.run(*bare)):8.1f}", flush=True)
+    print(f"{'torch.empty (B,H,T,2D)':48s} {us(lambda: torch.empty(B, H, T, 2 * D, device='cuda')):8.1f}")
+    kernel, grid, args, consts, opts = launches["key pre-pass (_cartesian_kernel)"]  # the bare launcher's output
+    compiled = kernel[grid](*args, **consts, **opts)
+    torch.cuda.synchronize()
+    ref = kc.clone()
+    kc.zero_()
+    full = list(args) + [consts[a] for a in kernel.arg_names[len(args):]]
+    compiled.run(grid[0], grid[1], 1, triton.runtime.driver.active.get_current_stream(torch.cuda.current_device()),
+                 compiled.function, compiled.packed_metadata, None, None, None, *full)
+    torch.cuda.synchronize()
+    print(f"# the bare launcher's key pre-pass output equals the JIT launch's: {torch.equal(ref, kc)}")
+
+
+def kernel_variant(path, name="pope_kernel_variant"):
+    """Another copy of pope_kernel.py (a variant to measure), loaded as a module of its own."""
+    import importlib.util
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: no kernel variant at {path}; give the path of a copy of pope_kernel.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def ab(path, D=64):
+    """The forward (its key pre-pass included) of pope_kernel.py against a variant's, each of the forward's D=64
+    launch configs at four shapes, in one process: median ms of both and the largest output difference."""
+    variant, configs = kernel_variant(path), list(pk._BLOCKS["fwd"][64])
+    print(f"# fwd ms (pre-pass included), pope_kernel.py vs {path}: {torch.cuda.get_device_name()}, "
+          f"torch {torch.__version__}", flush=True)
+    saved = pk._AUTOTUNE, pk._BLOCKS["fwd"][64]
+    for mod in (pk, variant):
+        mod._AUTOTUNE = False  # _fwd launches _BLOCKS["fwd"][D][0]
+    try:
+        for B, T in ((8, 1024), (16, 1024), (2, 4096), (1, 16384)):
+            H = 12
+            q, k, v, delta, do = inputs(B, H, T, T, D, torch.bfloat16, seed=T)
+            args = (q, k, v, pope_delta(delta), frequencies(D, q.device), True, D ** -0.5, 0)
+            for cfg in configs:
+                res = []
+                for mod in (pk, variant):
+                    mod._BLOCKS["fwd"][64] = [cfg]
+                    out = mod._fwd(*args)[0]
+                    res.append((bench_ms(lambda: mod._fwd(*args)), out))
+                diff = (res[0][1].float() - res[1][1].float()).abs().max().item()
+                print(f"{B},{H},{T},{D} {str(cfg):18s} pope_kernel {res[0][0]:.4f}  variant {res[1][0]:.4f}  "
+                      f"ratio {res[1][0] / res[0][0]:.3f}  max|diff| {diff:.1e}", flush=True)
+    finally:
+        pk._AUTOTUNE, pk._BLOCKS["fwd"][64] = saved
 
 
 def decode_sweep(warps=(4, 8), programs=(12, 96, 512, 1024, 2048), tiles=(4096, 8192, 16384)):
@@ -850,6 +951,52 @@ def aot_decode_report(B=1, H=12, N=8192, D=64, capability=90):
     return rows
 
 
+def aot_warp_specialize(configs=((64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3)), D=64, capability=90):
+    """Does Triton specialise warps (producer/consumer, setmaxnreg) in the forward's key loop on sm_<capability>?
+    Compiles a copy of pope_kernel.py whose key loop is tl.range(..., warp_specialize=True), in each config, without
+    a GPU; a failed compile's row names the compiler pass that failed (from Triton's stderr)."""
+    import triton
+    loop = "for start_n in range(lo_hi[0], lo_hi[1], BLOCK_N):"
+    src = open(pk.__file__).read()
+    i = src.index(loop, src.index("def _fwd_inner("))
+    src = src[:i] + "for start_n in tl.range(lo_hi[0], lo_hi[1], BLOCK_N, warp_specialize=True):" + src[i + len(loop):]
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "pope_kernel_ws.py"), "w") as f:
+            f.write(src)
+        ws = kernel_variant(f.name, "pope_kernel_ws")
+    calls = []
+    ws._launch = lambda kernel, tuned, blocks, grid, args, kwargs, key: calls.append((kernel, args, kwargs)) or 64
+    ws._cartesian = lambda x, theta, delta, pos0, o=None, do=None: x  # (the key pre-pass is not compiled here)
+    B, H, T = 1, 2, 256
+    q, k, v = (torch.randn(B, H, T, D, dtype=torch.bfloat16) for _ in range(3))
+    ws._fwd(q, k, v, torch.zeros(H, D), model_lib.pope_frequencies(D), True, D ** -0.5, 0)
+    kernel, args, kwargs = calls[0]
+    target = triton.backends.compiler.GPUTarget("cuda", capability, 32)
+    print(f"# pope_kernel.py forward, key loop with warp_specialize=True, sm_{capability}, D={D} bf16 causal, "
+          f"triton {triton.__version__}", flush=True)
+    for bm, bn, w, st in configs:
+        with tempfile.TemporaryFile("w+") as err:  # (the MLIR pass manager writes its failure to fd 2)
+            sys.stderr.flush()
+            fd2 = os.dup(2)
+            os.dup2(err.fileno(), 2)
+            try:
+                c = _aot_compile(kernel, args, dict(kwargs, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st), target)
+                failed = None
+            except Exception as e:
+                failed = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            finally:
+                os.dup2(fd2, 2)
+                os.close(fd2)
+            err.seek(0)
+            passes = sorted(set(re.findall(r"Pipeline failed while executing \[`(\w+)`", err.read())))
+        if failed:
+            print(f"{(bm, bn, w, st)}  failed: {failed} (failed pass: {', '.join(passes) or 'none named'})", flush=True)
+        else:
+            ptx = c.asm["ptx"]
+            print(f"{(bm, bn, w, st)}  compiled: {_resources(c)}, shared {c.metadata.shared}, "
+                  f"setmaxnreg {'setmaxnreg' in ptx}, wgmma {ptx.count('wgmma.mma_async')}", flush=True)
+
+
 def aot():
     import triton
     print(f"# triton {triton.__version__}, sm_90; stack = bytes of spills; shared of {HOPPER_SMEM} per block")
@@ -861,22 +1008,26 @@ def aot():
     for r in aot_decode_report():
         print(f"{r['kernel']:22s} {r['case']:24s} BLOCK_N, warps {str(r['config']):10s} regs {r['reg']:3d} "
               f"stack {r['stack']:4d} shared {r['shared']:6d}", flush=True)
+    aot_warp_specialize()
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", nargs="+", choices=["kernel", "check", "train", "sample", "sample_cli", "aot", "host",
-                                                "decode", "sweep"],
+                                                "decode", "sweep", "launch", "ab"],
                     help="one or more benchmarks, run in the order given")
     ap.add_argument("--json", default=None,
                     help="sample, sample_cli, decode, sweep: also write the rows to this JSON file")
     ap.add_argument("--head_dim", type=int, default=64, choices=[32, 64, 128], help="sweep: the head dim")
+    ap.add_argument("--variant", default=None, help="ab: the path of a modified copy of pope_kernel.py")
     ap.add_argument("--modes", default="eager,graph,compile",
                     help="sample: decoding modes to measure, comma-separated (compile takes ~15 s per row)")
     a = ap.parse_args()
     modes = tuple(a.modes.split(","))
     if not set(modes) <= {"eager", "graph", "compile"} or not modes:
         ap.error(f"--modes takes eager, graph and compile, got {a.modes!r}")
+    if "ab" in a.what and not a.variant:
+        ap.error("ab needs --variant PATH, a modified copy of pope_kernel.py")
     for what in a.what:
         if what == "aot":
             aot()
@@ -902,3 +1053,7 @@ if __name__ == "__main__":
             write_json(a.json, "decode", decode_sweep())
         if what == "sweep":
             write_json(a.json, "sweep", sweep(a.head_dim))
+        if what == "launch":
+            launch()
+        if what == "ab":
+            ab(a.variant)

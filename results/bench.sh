@@ -8,6 +8,7 @@
 #   python bench.py sample   decoding tokens/s, 124M PoPE vs RoPE, batch 1 and 8, eager and compiled
 #   python bench.py decode   the decoding kernel's launch constants (warps, programs, tile) against its time
 #   python bench.py host     host time per eager call (the kernel's fwd+bwd, decoding) and a cProfile of it
+#   python bench.py launch   host time of one Triton launch: the JIT, the compiled kernel's runner, its bare launcher
 #   python bench.py sweep    every launch config of the three attention kernels, timed at four shapes
 #                            (D=64, then D=128): where pope_kernel.py's config lists come from
 #   python bench.py aot      registers, spills and shared memory of every kernel config compiled
@@ -16,7 +17,7 @@
 #
 # Needs:   1 CUDA GPU (CUDA_VISIBLE_DEVICES picks it; default the first) for all but aot.
 # Time:    H200: a few minutes each, most of it autotuning and compilation; aot ~1 min on 2 CPU cores.
-# Outputs: results/kernel/check.txt, bench-kernel.txt, host.txt, sweep-d{64,128}.{txt,json}, aot.txt, env.txt;
+# Outputs: results/kernel/check.txt, bench-kernel.txt, host.txt, launch-cost.txt, sweep-d{64,128}.{txt,json}, aot.txt, env.txt;
 #          results/sample/bench-sample.{txt,json}, decode.{txt,json}
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,7 @@ mkdir -p $OUT results/sample
 python bench.py check 2>&1 | tee $OUT/check.txt
 python bench.py kernel 2>&1 | tee $OUT/bench-kernel.txt
 python bench.py host 2>&1 | tee $OUT/host.txt
+python bench.py launch 2>&1 | tee $OUT/launch-cost.txt
 for D in 64 128; do
   python bench.py sweep --head_dim $D --json $OUT/sweep-d$D.json 2>&1 | tee $OUT/sweep-d$D.txt
 done

@@ -50,39 +50,42 @@ host = {m[1].strip(): float(m[2]) for m in re.finditer(r"^(.+?)\s+host\s+([\d.]+
 check = open(a.check).read()
 det = (check.count("bitwise-deterministic=True"), check.count("bitwise-deterministic="))
 
+EAGER, GRAPH, PEAK = 1, 2, 3  # columns of kernel_rows' tuples
+
+
+def row(target, where, measured, ratio, met):
+    print(f"| {target} | {where} | {measured} | {ratio} | {'yes' if met else 'no'} |")
+
+
+def against(target, column, ref, ref_column, bound=1.0, unit="ms", digits=3, optional=False, with_before=False):
+    """One row per shape: the kernel's column against ref's, met at or under bound times ref's
+    (with_before: also the kernel's number in --before's table)."""
+    for s in shapes:
+        if optional and (ref, s) not in k:
+            continue
+        ours, other = k["pope kernel", s][column], need(k, (ref, s), a.kernel, "bench.py kernel")[ref_column]
+        was = f" (before: {before['pope kernel', s][column]:.{digits}f})" if before and with_before else ""
+        row(target, s, f"{ours:.{digits}f}{was} vs {other:.{digits}f} {unit}", f"{ours / other:.2f}",
+            ours <= bound * other)
+
+
 print("| target | (B,H,T,d) | measured | ratio | met |")
 print("|---|---|---|---:|---|")
-for s in shapes:
-    ours, sdpa = k["pope kernel", s][2], k["SDPA d=128", s][2]
-    was = f" (before: {before['pope kernel', s][2]:.3f})" if before else ""
-    print(f"| fwd+bwd graph ≤ SDPA d=128 graph | {s} | {ours:.3f}{was} vs {sdpa:.3f} ms | {ours / sdpa:.2f} | "
-          f"{'yes' if ours <= sdpa else 'no'} |")
-for s in shapes:  # (bench.py kernel outputs before 2026-12-02 have no SDPA d=64 row)
-    if ("SDPA d=64", s) in k:
-        ours, sdpa = k["pope kernel", s][2], k["SDPA d=64", s][2]
-        print(f"| fwd+bwd graph ≤ 1.4× SDPA d=64 graph | {s} | {ours:.3f} vs {sdpa:.3f} ms | {ours / sdpa:.2f} | "
-              f"{'yes' if ours <= 1.4 * sdpa else 'no'} |")
-for s in shapes:
-    ours, rope = k["pope kernel", s][2], k["rope+SDPA d=64", s][1]
-    print(f"| fwd+bwd graph ≤ eager RoPE + SDPA | {s} | {ours:.3f} vs {rope:.3f} ms | {ours / rope:.2f} | "
-          f"{'yes' if ours <= rope else 'no'} |")
-for s in shapes:
-    ours, rope = k["pope kernel", s][1], k["rope+SDPA d=64", s][1]
-    print(f"| eager fwd+bwd ≤ eager RoPE + SDPA | {s} | {ours:.3f} vs {rope:.3f} ms | {ours / rope:.2f} | "
-          f"{'yes' if ours <= rope else 'no'} |")
+against("fwd+bwd graph ≤ SDPA d=128 graph", GRAPH, "SDPA d=128", GRAPH, with_before=True)
+# (bench.py kernel outputs before 2026-12-02 have no SDPA d=64 row)
+against("fwd+bwd graph ≤ 1.4× SDPA d=64 graph", GRAPH, "SDPA d=64", GRAPH, bound=1.4, optional=True)
+against("fwd+bwd graph ≤ eager RoPE + SDPA", GRAPH, "rope+SDPA d=64", EAGER)
+against("eager fwd+bwd ≤ eager RoPE + SDPA", EAGER, "rope+SDPA d=64", EAGER)
 s = shapes[0]
-print(f"| eager minus graph ≤ 0.2 ms | {s} | {k['pope kernel', s][1] - k['pope kernel', s][2]:.3f} ms | – | "
-      f"{'yes' if k['pope kernel', s][1] - k['pope kernel', s][2] <= 0.2 else 'no'} |")
+excess = k["pope kernel", s][EAGER] - k["pope kernel", s][GRAPH]
+row("eager minus graph ≤ 0.2 ms", s, f"{excess:.3f} ms", "–", excess <= 0.2)
 pope_host = need(host, "pope kernel fwd+bwd (with pope_delta, as model.py)", a.host, "bench.py host")
 rope_host = need(host, "rope + SDPA fwd+bwd", a.host, "bench.py host")
-print(f"| host time of an eager fwd+bwd ≤ 0.2 ms | {s} | {pope_host:.1f} µs (RoPE + SDPA {rope_host:.1f}) | "
-      f"{pope_host / rope_host:.2f} of RoPE's | {'yes' if pope_host <= 200 else 'no'} |")
+row("host time of an eager fwd+bwd ≤ 0.2 ms", s, f"{pope_host:.1f} µs (RoPE + SDPA {rope_host:.1f})",
+    f"{pope_host / rope_host:.2f} of RoPE's", pope_host <= 200)
 r = need(step, "rope  attn_impl=auto", a.train, "bench.py train")
 p = need(step, "pope  attn_impl=triton", a.train, "bench.py train")
-print(f"| 124M step ≤ 1.05× RoPE | 16 × 1024 | {p:.2f} vs {r:.2f} ms | {p / r:.3f} | {'yes' if p <= 1.05 * r else 'no'} |")
-for s in shapes:
-    ours, rope = k["pope kernel", s][3], k["rope+SDPA d=64", s][3]
-    print(f"| peak memory ≤ RoPE + SDPA's | {s} | {ours:.0f} vs {rope:.0f} MB | {ours / rope:.2f} | "
-          f"{'yes' if ours <= rope else 'no'} |")
-print(f"| bitwise-deterministic gradients | bench.py check | {det[0]} of {det[1]} cases | – | "
-      f"{'yes' if det[0] == det[1] and det[1] else 'no'} |")
+row("124M step ≤ 1.05× RoPE", "16 × 1024", f"{p:.2f} vs {r:.2f} ms", f"{p / r:.3f}", p <= 1.05 * r)
+against("peak memory ≤ RoPE + SDPA's", PEAK, "rope+SDPA d=64", PEAK, unit="MB", digits=0)
+row("bitwise-deterministic gradients", "bench.py check", f"{det[0]} of {det[1]} cases", "–",
+    det[0] == det[1] and det[1])
