@@ -13,14 +13,16 @@ Usage:
                                # eager, CUDA graph, compiled + graph
     python bench.py sample_cli # what a user sees: fresh `python sample.py` processes, default vs --compile
     python bench.py host       # host (CPU) time per eager call and a cProfile of it: PoPE kernel fwd+bwd, decoding
-    python bench.py launch     # host time of one Triton launch: the JIT, the compiled kernel's runner, its bare launcher
+    python bench.py launch     # host time of one Triton launch: Triton's JIT, the compiled kernel's runner and
+                               # bare launcher, pope_kernel._run (the kernels' direct launch)
     python bench.py decode     # decode_attention's launch constants (warps, programs, tile) against its time
     python bench.py sweep      # every launch config of each attention kernel, timed at the benchmark shapes
-    python bench.py ab --variant F  # the forward of pope_kernel.py against a modified copy F, each config, 4 shapes
+    python bench.py ab --variant F  # pope_kernel.py against a modified copy F at 4 shapes: the forward, each config;
+                                    # forward+backward as a CUDA graph, GPU µs per kernel (--parts fwd,graph)
     python bench.py aot        # no GPU needed: compile every kernel config for sm_90; registers, spills, shared memory;
                                # whether Triton specialises the forward's warps on sm_90
     options: --json PATH (sample, sample_cli, decode, sweep: the rows as JSON), --modes eager,graph,compile (sample),
-             --head_dim 32|64|128 (sweep), --variant PATH (ab)
+             --head_dim 32|64|128 (sweep), --variant PATH and --parts fwd,graph (ab)
 
 Every table is printed with the GPU, torch and triton versions; RESULTS.md
 quotes them with their command and date. Timings are medians of
@@ -85,9 +87,25 @@ def header(what):
 # -----------------------------------------------------------------------------
 # kernel correctness on the GPU
 
+def misaligned(x):
+    """x's values at an address that is not a multiple of 16 bytes (Triton compiles another kernel for it)."""
+    return torch.empty(x.numel() + 1, device=x.device, dtype=x.dtype)[1:].view_as(x).copy_(x)
+
+
+def via_jit(f):
+    """f() with every Triton launch through Triton's JIT (pope_kernel's direct launches off)."""
+    saved, pk._DIRECT = pk._DIRECT, False
+    try:
+        return f()
+    finally:
+        pk._DIRECT = saved
+
+
 def check():
     """Forward and the four gradients against float64, with untuned (first)
-    configs, outputs that start as NaN, and a bitwise determinism check."""
+    configs, outputs that start as NaN, and a bitwise determinism check (the
+    second of two calls goes through pope_kernel's direct launches, and must
+    also equal a call through Triton's JIT launch, bitwise)."""
     real_empty, real_autotune = pk._empty, pk._AUTOTUNE
     pk._empty = lambda shape, like, dtype=None: real_empty(shape, like, dtype).fill_(float("nan"))
     pk._AUTOTUNE = False
@@ -102,23 +120,29 @@ def check():
         (2, 2, 100, 357, 64, torch.bfloat16, True, 257),
         (2, 2, 1, 1000, 64, torch.bfloat16, True, 999),
         (2, 2, 1, 1000, 128, torch.bfloat16, True, 999),
+        (2, 3, 300, 300, 64, torch.bfloat16, True, 0, "misaligned q, k, v, dO"),
     ]
     header("kernel check vs float64")
     ok = True
     try:
-        for B, H, Tq, Tk, D, dtype, causal, off in cases:
+        for B, H, Tq, Tk, D, dtype, causal, off, *note in cases:
             q, k, v, delta, do = inputs(B, H, Tq, Tk, D, dtype, seed=Tq * Tk + D)
+            if note:  # (the same shape as the first case, aligned, ran already: another specialisation now)
+                q, k, v, do = (misaligned(x) for x in (q, k, v, do))
             kw = dict(causal=causal, q_offset=off)
             ref = grads(torch_attention, q, k, v, delta, do, torch.float64, **kw)
             got = grads(kernel_attention, q, k, v, delta, do, **kw)
             again = grads(kernel_attention, q, k, v, delta, do, **kw)
+            jit = via_jit(lambda: grads(kernel_attention, q, k, v, delta, do, **kw))
             errs = [rel(a, b) for a, b in zip(got, ref)]
             same = all(torch.equal(a, b) for a, b in zip(got, again))
-            good = same and all(e == e and e < bound[dtype][i > 0] for i, e in enumerate(errs))
+            direct = all(torch.equal(a, b) for a, b in zip(again, jit))
+            good = same and direct and all(e == e and e < bound[dtype][i > 0] for i, e in enumerate(errs))
             ok &= good
             print(f"{'ok ' if good else 'BAD'} B={B} H={H} Tq={Tq} Tk={Tk} D={D} {str(dtype)[6:]:8s} causal={causal:d} "
                   f"off={off}  rel err out/dq/dk/dv/ddelta "
-                  + " ".join(f"{e:.1e}" for e in errs) + f"  bitwise-deterministic={same}", flush=True)
+                  + " ".join(f"{e:.1e}" for e in errs) + f"  bitwise-deterministic={same} direct==JIT-launch={direct}"
+                  + (f"  ({note[0]})" if note else ""), flush=True)
     finally:
         pk._empty, pk._AUTOTUNE = real_empty, real_autotune
     return ok
@@ -288,15 +312,20 @@ def host(B=8, H=12, T=1024, D=64, n=50):
     prompt = torch.randint(0, 50257, (1, 900), device="cuda")  # (bf16 weights, no autocast: sample.py's default)
     for m in models.values():
         m.generate(prompt, 3)  # (compiles the decoding kernel for this shape)
-    rates = {pe: [] for pe in models}
-    for _ in range(3):  # PoPE and RoPE in turn: a drift of the GPU's or host's state hits both alike
-        for pe, m in models.items():
-            times = {}
-            m.generate(prompt, 101, times=times)
-            rates[pe].append(100 / times["decode"])
-    for pe, r in rates.items():
-        print(f"# eager decoding, 124M {pe}, bf16 weights, batch 1, context 1024, 100 tokens, 3 turns: "
-              f"{' / '.join(f'{x:.0f}' for x in r)} tok/s", flush=True)
+    rates, saved = {(pe, direct): [] for direct in (True, False) for pe in models}, pk._DIRECT
+    for _ in range(4):  # PoPE and RoPE, pope_kernel's direct launches and Triton's JIT, in turn: the host's
+        for direct in (True, False):  # speed drifts (by 2x within a minute, on an H200's host), and hits all alike
+            pk._DIRECT = direct
+            for pe, m in models.items():
+                times = {}
+                m.generate(prompt, 101, times=times)
+                rates[pe, direct].append(100 / times["decode"])
+    pk._DIRECT = saved
+    for (pe, direct), r in rates.items():
+        print(f"# eager decoding, 124M {pe}, bf16 weights, batch 1, context 1024, 100 tokens, "
+              f"{'direct launches' if direct else 'JIT launches   '}, 4 turns: "
+              f"{' / '.join(f'{x:.0f}' for x in r)} tok/s",
+              flush=True)
     model = models["pope"]
     prof = cProfile.Profile()
     prof.enable()
@@ -314,11 +343,12 @@ def host(B=8, H=12, T=1024, D=64, n=50):
 
 
 def launch(n=300):
-    """Host time of one Triton launch of the PoPE kernels, four ways: through pope_kernel's wrapper (allocation
+    """Host time of one Triton launch of the PoPE kernels, five ways: through pope_kernel's wrapper (allocation
     included), through Triton's JIT launch (`kernel[grid](...)`: argument binding, specialisation key, cache
-    lookup), through the compiled kernel's runner (`compiled[grid](...)`, the binding skipped) and through its
-    bare launcher (`compiled.run(...)` with the stream and arguments prepared once); microseconds per launch, n
-    launches queued, at a shape small enough that the GPU never holds the host back."""
+    lookup), through the compiled kernel's runner (`compiled[grid](...)`, the binding skipped), through its
+    bare launcher (`compiled.run(...)` with the stream and arguments prepared once) and through pope_kernel._run,
+    the kernels' launch (the bare launcher after a key of the arguments); microseconds per launch, n launches
+    queued, at a shape small enough that the GPU never holds the host back."""
     import triton
     from triton import knobs
     B, H, T, D = 1, 2, 128, 64
@@ -351,7 +381,8 @@ def launch(n=300):
                 knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)
         print(f"{name:48s} JIT {us(lambda: kernel[grid](*args, **consts, **opts)):8.1f}   "
               f"compiled runner {us(lambda: runner(*full)):8.1f}   "
-              f"bare launcher {us(lambda: compiled.run(*bare)):8.1f}", flush=True)
+              f"bare launcher {us(lambda: compiled.run(*bare)):8.1f}   "
+              f"pope_kernel._run {us(lambda: pk._run(kernel, grid, args, {**consts, **opts})):8.1f}", flush=True)
     print(f"{'torch.empty (B,H,T,2D)':48s} {us(lambda: torch.empty(B, H, T, 2 * D, device='cuda')):8.1f}")
     kernel, grid, args, consts, opts = launches["key pre-pass (_cartesian_kernel)"]  # the bare launcher's output
     compiled = kernel[grid](*args, **consts, **opts)
@@ -401,6 +432,43 @@ def ab(path, D=64):
                       f"ratio {res[1][0] / res[0][0]:.3f}  max|diff| {diff:.1e}", flush=True)
     finally:
         pk._AUTOTUNE, pk._BLOCKS["fwd"][64] = saved
+
+
+def ab_graph(path, D=64):
+    """Forward+backward (autotuned, as a model runs it) of pope_kernel.py against a variant's, replayed as a
+    CUDA graph at four shapes in one process: median ms of three timings each, taken in turn, peak MB, GPU µs
+    per CUDA kernel, and whether outputs and gradients are bitwise equal."""
+    variant = kernel_variant(path)
+    print(f"# fwd+bwd graph ms, pope_kernel.py vs {path}: {torch.cuda.get_device_name()}, torch {torch.__version__}",
+          flush=True)
+    for B, T in ((8, 1024), (16, 1024), (2, 4096), (1, 16384)):
+        H = 12
+        q, k, v, delta, do = inputs(B, H, T, T, D, torch.bfloat16, seed=T)
+        leaves = [x.requires_grad_(True) for x in (q, k, v, delta)]
+        theta = frequencies(D, q.device)
+        mods = {"pope_kernel": pk, "variant": variant}
+        steps = {n: (lambda m=m: m.pope_attention(q, k, v, pope_delta(delta), theta).backward(do))
+                 for n, m in mods.items()}
+        ms = {n: [] for n in mods}
+        for _ in range(3):
+            for n, step in steps.items():
+                ms[n].append(graph_ms(step, leaves))
+        outs = {}
+        for n, m in mods.items():
+            out = m.pope_attention(q, k, v, pope_delta(delta), theta)
+            outs[n] = [out] + list(torch.autograd.grad(out, leaves, do))
+        same = all(torch.equal(a, b) for a, b in zip(*outs.values()))
+        med = {n: sorted(t)[1] for n, t in ms.items()}
+        mb = {n: peak_mb(step) for n, step in steps.items()}
+        print(f"{B},{H},{T},{D}  pope_kernel {med['pope_kernel']:.4f}  variant {med['variant']:.4f}  "
+              f"ratio {med['variant'] / med['pope_kernel']:.3f}  "
+              f"peak MB {mb['pope_kernel']:.0f} / {mb['variant']:.0f}  "
+              f"outputs and gradients bitwise equal: {same}", flush=True)
+        for n, step in steps.items():
+            top = gpu_kernels(step, leaves)[:5]
+            print(f"    {n:11s} GPU µs: " + ", ".join(f"{e} {t:.1f}" for e, t in top), flush=True)
+        for x in leaves:
+            x.grad = None
 
 
 def decode_sweep(warps=(4, 8), programs=(12, 96, 512, 1024, 2048), tiles=(4096, 8192, 16384)):
@@ -607,9 +675,13 @@ def decode_kernel_check():
             ref = torch.softmax(q.double() @ keys.mT * 0.125, -1) @ vals
             errs.append(rel(pk.decode_attention(q, k, v, kc, vc, torch.tensor([pos], device="cuda"), 0.125), ref))
         good = max(errs) < 1e-2 and torch.equal(kc[:, :, 8191], k[:, :, 0]) and torch.equal(vc[:, :, 8191], v[:, :, 0])
-        ok &= good
-        print(f"{'ok ' if good else 'BAD'} decode_attention B={B} H=12 N=8192 Dk={Dk} D=64 bf16 vs float64 at "
-              f"pos 0, 100, 5000, 8191: rel err {', '.join(f'{e:.1e}' for e in errs)}; new k, v written", flush=True)
+        at = torch.tensor([5000], device="cuda")  # direct launch (the same call twice) == Triton's JIT launch
+        same = torch.equal(pk.decode_attention(q, k, v, kc, vc, at, 0.125), via_jit(
+            lambda: pk.decode_attention(q, k, v, kc, vc, at, 0.125)))
+        ok &= good and same
+        print(f"{'ok ' if good and same else 'BAD'} decode_attention B={B} H=12 N=8192 Dk={Dk} D=64 bf16 vs float64 at "
+              f"pos 0, 100, 5000, 8191: rel err {', '.join(f'{e:.1e}' for e in errs)}; new k, v written; "
+              f"direct == JIT launch: {same}", flush=True)
     # PoPE over a cache of magnitudes (KVCache's on the kernel): raw q and k, the score from the formula in float64
     g = torch.Generator("cuda").manual_seed(7)
     theta, delta = frequencies(64, "cuda"), -6.283 * torch.rand(12, 64, device="cuda", generator=g)
@@ -903,9 +975,9 @@ def aot_report(cases, all_configs=True, capability=90):
         def __getitem__(self, grid):
             return lambda *args, **kwargs: record(real_prepass, args, dict(kwargs), None)
 
-    saved = pk._launch, pk._cartesian_kernel, pk._AUTOTUNE
+    saved = pk._launch, pk._cartesian_kernel, pk._AUTOTUNE, pk._DIRECT
     real_prepass = saved[1]
-    pk._launch, pk._cartesian_kernel, pk._AUTOTUNE = launch, Prepass(), all_configs
+    pk._launch, pk._cartesian_kernel, pk._AUTOTUNE, pk._DIRECT = launch, Prepass(), all_configs, False
     try:
         for B, H, Tq, Tk, D, dtype, causal, q_offset in cases:
             case = f"D={D} {str(dtype)[6:]} Tq={Tq} Tk={Tk}"
@@ -916,7 +988,7 @@ def aot_report(cases, all_configs=True, capability=90):
             if Tq > pk._DECODE_MAX_TQ:
                 pk._bwd(do, q, k, v, *args[:2], out, lse, *args[2:])
     finally:
-        pk._launch, pk._cartesian_kernel, pk._AUTOTUNE = saved
+        pk._launch, pk._cartesian_kernel, pk._AUTOTUNE, pk._DIRECT = saved
     return rows
 
 
@@ -1020,6 +1092,8 @@ if __name__ == "__main__":
                     help="sample, sample_cli, decode, sweep: also write the rows to this JSON file")
     ap.add_argument("--head_dim", type=int, default=64, choices=[32, 64, 128], help="sweep: the head dim")
     ap.add_argument("--variant", default=None, help="ab: the path of a modified copy of pope_kernel.py")
+    ap.add_argument("--parts", default="fwd,graph",
+                    help="ab: fwd (the forward, each launch config) and/or graph (forward+backward as a CUDA graph)")
     ap.add_argument("--modes", default="eager,graph,compile",
                     help="sample: decoding modes to measure, comma-separated (compile takes ~15 s per row)")
     a = ap.parse_args()
@@ -1055,5 +1129,7 @@ if __name__ == "__main__":
             write_json(a.json, "sweep", sweep(a.head_dim))
         if what == "launch":
             launch()
-        if what == "ab":
+        if what == "ab" and "fwd" in a.parts.split(","):
             ab(a.variant)
+        if what == "ab" and "graph" in a.parts.split(","):
+            ab_graph(a.variant)

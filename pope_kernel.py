@@ -63,7 +63,9 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 from triton.language.extra import libdevice
+from triton.runtime import driver
 
 
 def check_shapes(q, k, v, delta, q_offset):
@@ -229,8 +231,8 @@ def _query_block(Q, THETA, sqb, sqh, sqt, sqd, H, TQ, TK, q_offset,
     Keys [0, hi_full) are seen in full by every row of the block and run without a
     mask; [hi_full, hi) straddle the diagonal or the end of the keys and run with
     one; the ones above the diagonal not at all."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # (the grid's order: see _heavy_first)
+    bh = tl.program_id(0).to(tl.int64)
     b = bh // H
     h = bh % H
     m0 = pid_m * BLOCK_M
@@ -350,17 +352,18 @@ def _dkdv_inner(dkc, dks, dv, kc, ks, v, offs_n, QC, DO, sdot, sdod, LSE, DI,
 
 
 @triton.jit
-def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, THETA, DELTA,
+def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, KC, THETA, DELTA,
                    skb, skh, skt, skd, svb, svh, svt, svd, sdob, sdoh, sdot, sdod,
                    sdkb, sdkh, sdkt, sdkd, sdvb, sdvh, sdvt, sdvd,
                    sm_scale, qk_scale, H, TQ, TK, q_offset, NBLK_DDP, Q_BUCKET, K_BUCKET,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
     """One program: BLOCK_N key rows of one (batch, head), every query block
-    that sees them. Writes dk, dv and this block's row of ddelta partials
-    DDP[b, pid_n, h, :] (summed over blocks and batch by the caller)."""
-    pid_n = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
+    that sees them. Writes dk, dv, this block's row of ddelta partials
+    DDP[b, pid_n, h, :] (summed over blocks and batch by the caller), and the
+    Cartesian keys it makes, KC (B, H, TK, 2D), for the dq kernel."""
+    pid_n = tl.program_id(1)  # (the grid's order: see _heavy_first)
+    bh = tl.program_id(0).to(tl.int64)
     b = bh // H
     h = bh % H
     n0 = pid_n * BLOCK_N
@@ -376,6 +379,10 @@ def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, THETA, DELTA,
     kc32, ks32 = _cartesian_tile(k.to(tl.float32), offs_n.to(tl.float32), theta, delta)
     kc = _cast(kc32, k.dtype)
     ks = _cast(ks32, k.dtype)
+    # the dq kernel's keys: what the key pre-pass (_cartesian_kernel) would write, from the same helpers
+    kout = KC + bh * TK * 2 * HEAD_DIM + offs_n[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
+    tl.store(kout, kc, mask=cols[:, None])
+    tl.store(kout + HEAD_DIM, ks, mask=cols[:, None])
 
     QC = QC + bh * TQ * 2 * HEAD_DIM
     DO = DO + b * sdob + h * sdoh
@@ -559,8 +566,59 @@ def _launch(kernel, tuned, blocks, grid, args, kwargs, key):
     else:
         bm, bn, w, s = blocks
         meta = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
-    kernel[grid(meta)](*args, **kwargs, **meta)
+    _run(kernel, grid(meta), args, {**kwargs, **meta})
     return meta["BLOCK_N"]
+
+
+# Direct launches. Triton's JIT launch (kernel[grid](...)) binds and specialises every argument, rebuilds
+# its cache key and launch metadata at every call: 28-40 µs of host time per launch on an H200's host,
+# against ~10 µs for the compiled kernel's own launcher (bench.py launch). An eager step pays that per
+# launch: 4 of the 6 launches of a forward+backward, the one launch per layer of a decoding step. So the
+# first launch of each specialisation goes through the JIT, which compiles (or finds) the kernel, and
+# the later ones call its launcher directly. Under the interpreter, or with a Triton launch hook set (its
+# profiler), every launch takes the JIT's path; bench.py check compares the two paths bitwise.
+_DIRECT = not _INTERPRET
+_COMPILED = {}  # _launch_key -> (Triton's compiled kernel, its constexpr arguments in parameter order)
+
+
+def _launch_key(device, kernel, args, options):
+    """What a compiled kernel is valid for: the device, the kernel, its constexprs and launch options,
+    and per argument what Triton's JIT specialises on, or more: its type; a tensor's dtype and whether
+    its address is a multiple of 16; an int or float by value (Triton keys an int on == 1, % 16 and
+    its width). tests/test_kernel.py holds this against Triton's own specialisation."""
+    return (device, kernel, *options.items(), *map(type, args),
+            *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a for a in args])
+
+
+def _run(kernel, grid, args, options):
+    """kernel[grid](*args, **options) (args positional, options the constexprs and num_warps/num_stages)."""
+    hook = knobs.runtime.launch_enter_hook
+    if not _DIRECT or getattr(hook, "calls", hook):
+        kernel[grid](*args, **options)
+        return
+    device = driver.active.get_current_device()
+    key = _launch_key(device, kernel, args, options)
+    hit = _COMPILED.get(key)
+    if hit is None:
+        compiled = kernel[grid](*args, **options)  # binds, compiles or finds the kernel, launches
+        if len(_COMPILED) >= 4096:  # (a new entry per new shape: bounded)
+            _COMPILED.clear()
+        _COMPILED[key] = (compiled, tuple(options[name] for name in kernel.arg_names[len(args):]))
+        return
+    compiled, constexprs = hit
+    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                 driver.active.get_current_stream(device), compiled.function, compiled.packed_metadata,
+                 None, None, None, *args, *constexprs)
+
+
+def _heavy_first(pairs, T, block):
+    """The grid of the attention kernels: (batch, head) pairs on axis 0, blocks of T on axis 1. The GPU starts
+    programs in grid order, axis 0 fastest, so every pair's block of one index starts before any pair's next
+    one; each kernel numbers its blocks so that those with the most work under the causal mask come first:
+    the forward's and dq's last query blocks (program_id(1) reversed), dk/dv's first key blocks. The light
+    ones then fill the tail. At (8, 12, 1k, 64) the forward ran 10% faster than in per-pair order
+    (results/kernel.md, "what was tried")."""
+    return pairs, _cdiv(T, block)
 
 
 def _bucket(n):
@@ -594,10 +652,9 @@ def _cartesian(x, theta, delta, pos0, o=None, do=None):
     di = _empty((B, H, T), x, torch.float32) if with_di else xc
     o_, do_ = (o, do) if with_di else (x, x)
     grid = (_cdiv(T, _PREP_BLOCK_T), B * H)
-    _cartesian_kernel[grid](x, xc, theta, delta if delta is not None else theta, o_, do_, di,
-                            *x.stride(), *o_.stride(), *do_.stride(), H, T, pos0,
-                            HEAD_DIM=D, BLOCK_T=_PREP_BLOCK_T, HAS_DELTA=delta is not None,
-                            WITH_DI=with_di, num_warps=4)
+    _run(_cartesian_kernel, grid, (x, xc, theta, delta if delta is not None else theta, o_, do_, di,
+                                   *x.stride(), *o_.stride(), *do_.stride(), H, T, pos0),
+         dict(HEAD_DIM=D, BLOCK_T=_PREP_BLOCK_T, HAS_DELTA=delta is not None, WITH_DI=with_di, num_warps=4))
     return (xc, di) if with_di else xc
 
 
@@ -609,7 +666,7 @@ def _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, tune=True):
         lse = _empty((B, H, Tq), q, torch.float32)
         kc = _cartesian(k, theta, delta, 0)
         buckets = (_bucket(Tq), _bucket(Tk))
-        grid = lambda meta: (_cdiv(Tq, meta["BLOCK_M"]), B * H)
+        grid = lambda meta: _heavy_first(B * H, Tq, meta["BLOCK_M"])
         args = (q, kc, v, out, lse, theta, *q.stride(), *v.stride(), *out.stride(),
                 sm_scale * 1.4426950408889634, H, Tq, Tk, q_offset, *buckets)
         kwargs = dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=_dot_precision(q.dtype))
@@ -636,23 +693,24 @@ def _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offs
     prec = _dot_precision(q.dtype)
     buckets = (_bucket(Tq), _bucket(Tk))
     fixed = lambda kind: None if _AUTOTUNE else _blocks(kind, D)[0]
-    # The 2D-long queries live only through the dk/dv kernel and the keys only
-    # through the dq kernel: at most one of them is allocated at a time.
+    # The 2D-long queries come from a pre-pass (with rowsum(dO*O)) and live through the dk/dv kernel;
+    # the 2D-long keys are written by the dk/dv kernel, which makes each key block Cartesian anyway,
+    # and live through the dq kernel: no key pre-pass, at the price of both copies alive at once.
     dk = _empty((B, H, Tk, D), k)
     dv = _empty((B, H, Tk, D), v)
     key = (*buckets, D, causal, q.dtype, k.dtype, v.dtype, do.dtype, delta.dtype, theta.dtype)
     nblk = _cdiv(Tk, _DDP_MIN_BLOCK_N)  # rows for the smallest key block; the launch writes the first
     ddp = _empty((B, nblk, H, D), q, torch.float32)  # cdiv(Tk, BLOCK_N) of them
     qc, di = _cartesian(q, theta, None, q_offset, o=out, do=do)
-    grid = lambda meta: (_cdiv(Tk, meta["BLOCK_N"]), B * H)
+    kc = _empty((B, H, Tk, 2 * D), k)
+    grid = lambda meta: _heavy_first(B * H, Tk, meta["BLOCK_N"])
     block_n = _launch(_pope_bwd_dkdv, _pope_bwd_dkdv_tuned, fixed("dkdv"), grid,
-                      (k, v, qc, do, lse, di, dk, dv, ddp, theta, delta, *k.stride(), *v.stride(), *do.stride(),
+                      (k, v, qc, do, lse, di, dk, dv, ddp, kc, theta, delta, *k.stride(), *v.stride(), *do.stride(),
                        *dk.stride(), *dv.stride(), sm_scale, qk_scale, H, Tq, Tk, q_offset, nblk, *buckets),
                       dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=prec), key)
-    del qc  # (no other reference may keep it: that would hold both 2D-long copies at once)
-    kc = _cartesian(k, theta, delta, 0)
+    del qc  # (freed before dq is allocated)
     dq = _empty((B, H, Tq, D), q)
-    grid = lambda meta: (_cdiv(Tq, meta["BLOCK_M"]), B * H)
+    grid = lambda meta: _heavy_first(B * H, Tq, meta["BLOCK_M"])
     args = (q, kc, v, do, lse, di, dq, theta, *q.stride(), *v.stride(), *do.stride(), *dq.stride(),
             sm_scale, qk_scale, H, Tq, Tk, q_offset, *buckets)
     _launch(_pope_bwd_dq, _pope_bwd_dq_tuned, fixed("dq"), grid, args,
@@ -1068,13 +1126,13 @@ def _decode(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, turn, splits,
         freq = k_cache if freq is None else freq
         delta = k_cache if delta is None else delta
         counts = pos if counts is None else counts
-        _decode_split_kernel[(splits, B * H)](
+        _run(_decode_split_kernel, (splits, B * H), (
             q, k, v, k_cache, v_cache, pos, part, counts, out, freq, delta, q.stride(0), q.stride(1), q.stride(3),
             k.stride(0), k.stride(1), k.stride(3), v.stride(0), v.stride(1), v.stride(3),
             *k_cache.stride(), *v_cache.stride(), out.stride(0), out.stride(1), out.stride(3), delta.stride(0),
-            H, N, splits, sm_scale * 1.4426950408889634,
-            KEY_DIM=Dk, HEAD_DIM=D, BLOCK_N=block_n, TURN=turn, FINAL=splits == 1, SPLITS_POW2=_bucket(splits),
-            num_warps=_DECODE_WARPS)
+            H, N, splits, sm_scale * 1.4426950408889634),
+            dict(KEY_DIM=Dk, HEAD_DIM=D, BLOCK_N=block_n, TURN=turn, FINAL=splits == 1, SPLITS_POW2=_bucket(splits),
+                 num_warps=_DECODE_WARPS))
     return out
 
 

@@ -358,6 +358,95 @@ def test_eager_function_equals_the_custom_op(dtype, causal, off, seed, monkeypat
         assert torch.isfinite(a).all() and torch.equal(a, b), f"seed={seed} {dtype}: {name} differs"
 
 
+@parent_only
+def test_the_direct_launch_key_refines_tritons_specialisation():
+    """pope_kernel's direct launches reuse a compiled kernel for every launch with its _launch_key, so equal keys must
+    mean equal specialisations in Triton's own binder (native_specialize_impl, run here on the CPU for an H200's
+    backend), for every pair of arguments: tensors of five dtypes at each of 16 element offsets (addresses that are
+    and are not multiples of 16 bytes), ints around Triton's thresholds (1, multiples of 16, the int32 and int64
+    ranges), bools and floats."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.nvidia.compiler import CUDABackend
+    bufs = [torch.zeros(64, dtype=dt) for dt in (torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64)]
+    args = [b[o:] for b in bufs for o in range(16)] + [0, 1, 2, 15, 16, 17, 32, -1, -16, 2**31 - 16, 2**31 - 1, 2**31,
+                                                      -2**31, -2**31 - 16, 2**63 - 16, 2**63, True, False, 0.0, 1.0,
+                                                      0.125, 1.4426950408889634]
+    specs = [native_specialize_impl(CUDABackend, a, False, True, True) for a in args]
+    keys = [pk._launch_key(0, None, [a], {}) for a in args]
+    aligned = sum(k[-1][1] for k in keys[:80])
+    assert aligned == 2 + 2 + 4 + 4 + 8, aligned  # offsets 0 and 8 of 2-byte elements, 0, 4, 8, 12 of 4-byte ones...
+    for i, (ka, sa) in enumerate(zip(keys, specs)):
+        for kb, sb, b in zip(keys, specs, args):
+            assert ka != kb or sa == sb, (args[i] if not isinstance(args[i], torch.Tensor) else args[i].data_ptr() % 16,
+                                          b if not isinstance(b, torch.Tensor) else b.data_ptr() % 16, sa, sb)
+    assert len({s for s in specs[:80]}) > 5  # (Triton does tell these apart: the check above compares something)
+
+
+@parent_only
+def test_direct_launches_reuse_what_the_jit_compiled(monkeypatch):
+    """pope_kernel._run: the first launch of a specialisation goes through Triton's JIT (kernel[grid](...)), which
+    compiles the kernel and returns it; a later launch with the same key calls that kernel's launcher with what the
+    JIT would pass it: the grid in 3-d, the current stream, every argument and then the constexprs in parameter
+    order. Another dtype, alignment, int or device, or a Triton launch hook, goes through the JIT."""
+    from triton import knobs
+
+    class Compiled:
+        function, packed_metadata = "function", "metadata"
+
+        def __init__(self):
+            self.launches = []
+
+        def run(self, *a):
+            self.launches.append(a)
+
+    class Kernel:  # a JITFunction's interface as _run uses it
+        arg_names = ["X", "n", "scale", "A", "B"]
+        jit = []
+
+        def __getitem__(self, grid):
+            def launch(*args, **options):
+                self.jit.append((grid, args, options))
+                return Compiled()
+            return launch
+
+    device = [0]
+
+    class Driver:
+        get_current_device = staticmethod(lambda: device[0])
+        get_current_stream = staticmethod(lambda d: f"stream of {d}")
+
+    monkeypatch.setattr(pk, "_DIRECT", True)
+    monkeypatch.setattr(pk, "_COMPILED", {})
+    monkeypatch.setattr(pk, "driver", type("D", (), {"active": Driver}))
+    kernel, x = Kernel(), torch.zeros(64)
+    options = dict(A=3, B="tf32", num_warps=4)
+
+    def launch(*args, grid=(2, 5), opts=options):  # -> "jit", or the direct launch's arguments
+        n = len(kernel.jit)
+        pk._run(kernel, grid, args, opts)
+        if len(kernel.jit) > n:
+            assert kernel.jit[-1] == (grid, args, opts)
+            return "jit"
+        return [c for c, _ in pk._COMPILED.values() if c.launches][-1].launches.pop()
+
+    assert launch(x, 32, 0.5) == "jit"
+    assert launch(x, 32, 0.5) == (2, 5, 1, "stream of 0", "function", "metadata", None, None, None, x, 32, 0.5, 3, "tf32")
+    y = torch.zeros(64)  # another tensor, aligned as x: the same kernel
+    assert launch(y, 32, 0.5, grid=(7,))[:4] + launch(y, 32, 0.5)[9:12] == (7, 1, 1, "stream of 0", y, 32, 0.5)
+    for new in ((x[1:], 32, 0.5), (x.double(), 32, 0.5), (x, 33, 0.5), (x, 32, 0.25), (x, 32.0, 0.5)):
+        assert launch(*new) == "jit" and launch(*new) != "jit", new
+    assert launch(x, 32, 0.5, opts=dict(options, num_warps=8)) == "jit"
+    device[0] = 1
+    assert launch(x, 32, 0.5) == "jit" and launch(x, 32, 0.5)[3] == "stream of 1"
+    hook = lambda *a: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert launch(x, 32, 0.5) == "jit"
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert launch(x, 32, 0.5) != "jit"
+
+
 @interpreted
 def test_the_gpu_launch_path_keeps_the_autotuners_choice(monkeypatch):
     """The GPU's host path, run here on the interpreter: autotuning on, each autotuner's
@@ -416,27 +505,38 @@ def test_the_gpu_launch_path_keeps_the_autotuners_choice(monkeypatch):
 
 
 @interpreted
-def test_backward_holds_one_2d_long_copy_at_a_time(monkeypatch):
-    """The backward's Cartesian queries (for the dk/dv kernel) are freed before
-    its Cartesian keys (for the dq kernel) are made: peak memory at T = 16k
-    depends on it."""
+def test_the_dkdv_kernel_writes_the_keys_the_dq_kernel_reads(monkeypatch):
+    """The backward runs one Cartesian pre-pass, of the queries (with rowsum(dO*O)); the dk/dv kernel writes the
+    Cartesian keys that the dq kernel reads, bitwise what the key pre-pass makes (with delta, every row of a
+    length that is no multiple of a key block: the buffer starts as NaN), and the queries' copy is freed before
+    the dq kernel runs."""
     import weakref
-    made = []
+    seed = 29
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 2, 37, 32, generator=g, requires_grad=True) for _ in range(3))
+    delta = torch.rand(2, 32, generator=g) * -2 * math.pi
+    prepasses, dq_keys = [], []
+    real_cartesian, real_run = pk._cartesian, pk._run
 
-    def tracking(x, *args, **kw):
-        alive = [r() is not None for r in made]
-        assert not any(alive), f"an earlier 2D-long buffer is still alive: {alive}"
-        res = real(x, *args, **kw)
-        made.append(weakref.ref(res[0] if isinstance(res, tuple) else res))
+    def cartesian(x, *args, **kw):
+        res = real_cartesian(x, *args, **kw)
+        prepasses.append(weakref.ref(res[0] if isinstance(res, tuple) else res))
         return res
 
-    real = pk._cartesian
-    monkeypatch.setattr(pk, "_cartesian", tracking)
-    q, k, v = (torch.randn(1, 2, 20, 32, requires_grad=True) for _ in range(3))
-    out = pk.pope_attention(q, k, v, torch.zeros(2, 32), theta(32))
-    made.clear()  # the forward's keys are gone by now too, but only the backward is asserted
+    def run(kernel, grid, args, options):
+        if kernel is pk._pope_bwd_dq:
+            assert all(r() is None for r in prepasses), f"seed={seed}: the Cartesian queries are alive during dq"
+            dq_keys.append(args[1].clone())
+        return real_run(kernel, grid, args, options)
+    monkeypatch.setattr(pk, "_cartesian", cartesian)
+    monkeypatch.setattr(pk, "_run", run)
+    out = pk.pope_attention(q, k, v, delta, theta(32))
+    prepasses.clear()
     out.sum().backward()
-    assert len(made) == 2
+    assert len(prepasses) == 1 and len(dq_keys) == 1, (len(prepasses), len(dq_keys))
+    want = real_cartesian(k.detach(), theta(32), delta, 0)
+    assert torch.equal(dq_keys[0], want), f"seed={seed}: the dk/dv kernel's keys differ from the pre-pass's " \
+        f"(max |diff| {(dq_keys[0] - want).abs().nan_to_num(float('inf')).max():.2e})"
 
 
 @interpreted
