@@ -8,7 +8,8 @@
 #   python bench.py sample   decoding tokens/s, 124M PoPE vs RoPE, batch 1 and 8, eager and compiled
 #   python bench.py decode   the decoding kernel's launch constants (warps, programs, tile) against its time
 #   python bench.py host     host time per eager call (the kernel's fwd+bwd, decoding) and a cProfile of it
-#   python bench.py launch   host time of one Triton launch: the JIT, the compiled kernel's runner, its bare launcher
+#   python bench.py launch   host time of one Triton launch: the JIT, the compiled kernel's runner, its bare
+#                            launcher, pope_kernel._run (the direct launch)
 #   python bench.py sweep    every launch config of the three attention kernels, timed at four shapes
 #                            (D=64, then D=128): where pope_kernel.py's config lists come from
 #   python bench.py aot      registers, spills and shared memory of every kernel config compiled

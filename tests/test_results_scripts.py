@@ -336,6 +336,6 @@ def test_kernel_targets_ratios_and_verdicts(tmp_path):
 
 def test_kernel_targets_page_is_the_scripts_output_on_the_committed_files():
     """results/kernel/targets.md is what targets.py prints from the raw files next to it (RESULTS.md quotes it)."""
-    r = targets("--before", REPO / "results" / "kernel" / "bench-kernel-ab-before.txt")
+    r = targets("--before", REPO / "results" / "kernel" / "bench-kernel-swept.txt")
     assert r.returncode == 0, r.stderr
     assert r.stdout == (REPO / "results" / "kernel" / "targets.md").read_text()

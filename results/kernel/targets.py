@@ -6,7 +6,7 @@ are computed here from the printed numbers; nothing is measured.
 
 Usage:
     python results/kernel/targets.py > results/kernel/targets.md
-    python results/kernel/targets.py --before results/kernel/bench-kernel-ab-before.txt   # also: graph ms before
+    python results/kernel/targets.py --before results/kernel/bench-kernel-swept.txt   # also: graph ms before
 """
 import argparse
 import os
@@ -15,9 +15,9 @@ import re
 HERE = os.path.dirname(os.path.abspath(__file__))
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--kernel", default=os.path.join(HERE, "bench-kernel.txt"), help="bench.py kernel's output")
-ap.add_argument("--train", default=os.path.join(HERE, "..", "train_speed", "bench-train-profile.log"),
+ap.add_argument("--train", default=os.path.join(HERE, "..", "train_speed", "bench-train-v2.log"),
                 help="bench.py train's output")
-ap.add_argument("--host", default=os.path.join(HERE, "bench-host-tuned.log"), help="bench.py host's output")
+ap.add_argument("--host", default=os.path.join(HERE, "bench-host-direct.log"), help="bench.py host's output")
 ap.add_argument("--check", default=os.path.join(HERE, "check.txt"), help="bench.py check's output")
 ap.add_argument("--before", default=None, help="an earlier bench.py kernel output: its graph ms in a column")
 a = ap.parse_args()
@@ -72,7 +72,7 @@ def against(target, column, ref, ref_column, bound=1.0, unit="ms", digits=3, opt
 print("| target | (B,H,T,d) | measured | ratio | met |")
 print("|---|---|---|---:|---|")
 against("fwd+bwd graph ≤ SDPA d=128 graph", GRAPH, "SDPA d=128", GRAPH, with_before=True)
-# (bench.py kernel outputs before 2026-12-02 have no SDPA d=64 row)
+# (older bench.py kernel outputs have no SDPA d=64 row)
 against("fwd+bwd graph ≤ 1.4× SDPA d=64 graph", GRAPH, "SDPA d=64", GRAPH, bound=1.4, optional=True)
 against("fwd+bwd graph ≤ eager RoPE + SDPA", GRAPH, "rope+SDPA d=64", EAGER)
 against("eager fwd+bwd ≤ eager RoPE + SDPA", EAGER, "rope+SDPA d=64", EAGER)
