@@ -201,7 +201,13 @@ def gpu_kernels(step, leaves, n=10):
 
 def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
     dtype = torch.bfloat16
+    try:  # the one published PoPE kernel, a baseline where installed (requirements-optional.txt)
+        from PoPE_pytorch import flash_attn_with_pope
+    except ImportError:
+        flash_attn_with_pope = None
     header("attention, causal, bf16, median ms")
+    if flash_attn_with_pope is None:
+        print("# pope-pytorch is not installed: its rows are left out (pip install pope-pytorch==0.2.1)")
     print("# fwd+bwd twice: eager (Python, autograd and launch overhead included) and as one CUDA graph replay")
     print(f"{'path':26s} {'B,H,T,D':14s} {'fwd':>7s} {'fwd+bwd':>8s} {'graph':>7s} {'TFLOP/s':>8s} {'peak MB':>8s}")
     rows = []
@@ -227,6 +233,10 @@ def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
             f"SDPA d={D}": (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), D, D, do),
             f"SDPA d={2 * D}": (lambda: F.scaled_dot_product_attention(q2, k2, v2, is_causal=True), 2 * D, 2 * D, do2),
         }
+        if flash_attn_with_pope is not None:  # its fused Triton path; its key bias is our delta, its freqs pos * theta
+            freqs = pos[:, None].float() * frequencies(D, q.device)
+            paths["pope-pytorch 0.2.1"] = (lambda: flash_attn_with_pope(
+                q, k, v, pos_emb=(freqs, pope_delta(delta)), causal=True, fused=True), 2 * D, D, do)
         for name, (f, dqk, dv_, g) in paths.items():
             flops = B * H * T * T * (dqk + dv_) + B * H * T * T * (3 * dqk + 2 * dv_)  # causal halves 2x
             with torch.no_grad():
