@@ -576,7 +576,7 @@ def _launch(kernel, tuned, blocks, grid, args, kwargs, key):
 # Direct launches. Triton's JIT launch (kernel[grid](...)) binds and specialises every argument, rebuilds
 # its cache key and launch metadata at every call: 28-40 µs of host time per launch on an H200's host,
 # against ~10 µs for the compiled kernel's own launcher (bench.py launch). An eager step pays that per
-# launch: 4 of the 6 launches of a forward+backward, the one launch per layer of a decoding step. So the
+# launch: the 5 launches of a forward+backward, the one launch per layer of a decoding step. So the
 # first launch of each specialisation goes through the JIT, which compiles (or finds) the kernel, and
 # the later ones call its launcher directly. Under the interpreter, or with a Triton launch hook set (its
 # profiler), every launch takes the JIT's path; bench.py check compares the two paths bitwise.
