@@ -417,11 +417,12 @@ def kernel_variant(path, name="pope_kernel_variant"):
     return mod
 
 
-def ab(path, D=64):
-    """The forward (its key pre-pass included) of pope_kernel.py against a variant's, each of the forward's D=64
-    launch configs at four shapes, in one process: median ms of both and the largest output difference."""
-    variant, configs = kernel_variant(path), list(pk._BLOCKS["fwd"][64])
-    print(f"# fwd ms (pre-pass included), pope_kernel.py vs {path}: {torch.cuda.get_device_name()}, "
+def ab(variant, D=64):
+    """The forward (its key pre-pass included) of pope_kernel.py against a variant's (kernel_variant's module),
+    each of the forward's D=64 launch configs at four shapes, in one process: median ms of both and the largest
+    output difference."""
+    configs = list(pk._BLOCKS["fwd"][64])
+    print(f"# fwd ms (pre-pass included), pope_kernel.py vs {variant.__file__}: {torch.cuda.get_device_name()}, "
           f"torch {torch.__version__}", flush=True)
     saved = pk._AUTOTUNE, pk._BLOCKS["fwd"][64]
     for mod in (pk, variant):
@@ -444,13 +445,12 @@ def ab(path, D=64):
         pk._AUTOTUNE, pk._BLOCKS["fwd"][64] = saved
 
 
-def ab_graph(path, D=64):
+def ab_graph(variant, D=64):
     """Forward+backward (autotuned, as a model runs it) of pope_kernel.py against a variant's, replayed as a
     CUDA graph at four shapes in one process: median ms of three timings each, taken in turn, peak MB, GPU µs
     per CUDA kernel, and whether outputs and gradients are bitwise equal (expected where both autotune to
     the same configs: another dk/dv key block sums δ's gradient in another order)."""
-    variant = kernel_variant(path)
-    print(f"# fwd+bwd graph ms, pope_kernel.py vs {path}: {torch.cuda.get_device_name()}, torch {torch.__version__}",
+    print(f"# fwd+bwd graph ms, pope_kernel.py vs {variant.__file__}: {torch.cuda.get_device_name()}, torch {torch.__version__}",
           flush=True)
     for B, T in ((8, 1024), (16, 1024), (2, 4096), (1, 16384)):
         H = 12
@@ -1114,6 +1114,8 @@ if __name__ == "__main__":
         ap.error(f"--modes takes eager, graph and compile, got {a.modes!r}")
     if "ab" in a.what and not a.variant:
         ap.error("ab needs --variant PATH, a modified copy of pope_kernel.py")
+    if not set(a.parts.split(",")) <= {"fwd", "graph"}:
+        ap.error(f"--parts takes fwd and graph, comma-separated; got {a.parts!r}")
     for what in a.what:
         if what == "aot":
             aot()
@@ -1141,7 +1143,9 @@ if __name__ == "__main__":
             write_json(a.json, "sweep", sweep(a.head_dim))
         if what == "launch":
             launch()
-        if what == "ab" and "fwd" in a.parts.split(","):
-            ab(a.variant)
-        if what == "ab" and "graph" in a.parts.split(","):
-            ab_graph(a.variant)
+        if what == "ab":  # (the variant loaded once for both parts)
+            variant = kernel_variant(a.variant)
+            if "fwd" in a.parts.split(","):
+                ab(variant)
+            if "graph" in a.parts.split(","):
+                ab_graph(variant)

@@ -383,6 +383,16 @@ def test_the_direct_launch_key_refines_tritons_specialisation():
 
 
 @parent_only
+def test_bench_ab_refuses_bad_arguments():
+    """bench.py ab: without --variant, or with a --parts it does not know, a one-line usage error that names the
+    option (before any GPU is asked for)."""
+    for args, says in ((["ab"], "--variant"), (["ab", "--variant", "x.py", "--parts", "fwd,graf"], "--parts")):
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), *args], capture_output=True, text=True)
+        last = r.stderr.strip().splitlines()[-1]
+        assert r.returncode == 2 and says in last and last.startswith("bench.py: error:"), (args, r.stderr)
+
+
+@parent_only
 def test_direct_launches_reuse_what_the_jit_compiled(monkeypatch):
     """pope_kernel._run: the first launch of a specialisation goes through Triton's JIT (kernel[grid](...)), which
     compiles the kernel and returns it; a later launch with the same key calls that kernel's launcher with what the
