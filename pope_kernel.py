@@ -324,46 +324,55 @@ def _pope_fwd(Q, KC, V, O, LSE, THETA,
 
 
 @triton.jit
-def _dkdv_inner(dkc, dks, dv, kc, ks, v, offs_n, QC, DO, sdot, sdod, LSE, DI,
+def _join2(a, b):
+    # (R, D), (R, D) -> (R, 2D) = [a | b], the layout of a row of the Cartesian tensors
+    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (a.shape[0], 2 * a.shape[1]))
+
+
+@triton.jit
+def _halves(x):
+    # (R, 2D) -> its two (R, D) halves
+    return tl.split(tl.permute(tl.reshape(x, (x.shape[0], 2, x.shape[1] // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _dkdv_inner(dk2, dv, k2, v, offs_n, QC, DO, sdot, sdod, LSE, DI,
                 lo, hi, TQ, q_offset, qk_scale,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
                 DOT_PREC: tl.constexpr):
     offs_d = tl.arange(0, HEAD_DIM)
+    offs_d2 = tl.arange(0, 2 * HEAD_DIM)
     lo_hi = _loop_bounds(lo, hi)
     for start_m in range(lo_hi[0], lo_hi[1], BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         rows = offs_m < TQ
         # query rows past TQ load as zeros with lse = Di = 0: their p is 1 but
         # dO and Di are 0, so they add nothing to dk, dv and ddelta
-        qptr = QC + offs_m[None, :] * (2 * HEAD_DIM) + offs_d[:, None]
-        qcT = tl.load(qptr, mask=rows[None, :], other=0.0)
-        qsT = tl.load(qptr + HEAD_DIM, mask=rows[None, :], other=0.0)
+        q2 = tl.load(QC + offs_m[:, None] * (2 * HEAD_DIM) + offs_d2[None, :], mask=rows[:, None], other=0.0)
         lse = tl.load(LSE + offs_m, mask=rows, other=0.0)
-        sT = _dot(kc, qcT, tl.zeros([kc.shape[0], BLOCK_M], dtype=tl.float32), DOT_PREC)
-        sT = _dot(ks, qsT, sT, DOT_PREC)
+        sT = _dot(k2, tl.trans(q2), tl.zeros([k2.shape[0], BLOCK_M], dtype=tl.float32), DOT_PREC)
         pT = tl.math.exp2(sT * qk_scale - lse[None, :])
         if MASK:
             pT = tl.where(offs_n[:, None] <= q_offset + offs_m[None, :], pT, 0.0)
         do = tl.load(DO + offs_m[:, None] * sdot + offs_d[None, :] * sdod, mask=rows[:, None], other=0.0)
         dv = _dot(_cast(pT, do.dtype), do, dv, DOT_PREC)
         di = tl.load(DI + offs_m, mask=rows, other=0.0)
-        dpT = _dot(v, tl.trans(do), tl.zeros([kc.shape[0], BLOCK_M], dtype=tl.float32), DOT_PREC)
+        dpT = _dot(v, tl.trans(do), tl.zeros([k2.shape[0], BLOCK_M], dtype=tl.float32), DOT_PREC)
         dsT = _cast(pT * (dpT - di[None, :]), do.dtype)
-        dkc = _dot(dsT, tl.trans(qcT), dkc, DOT_PREC)
-        dks = _dot(dsT, tl.trans(qsT), dks, DOT_PREC)
-    return dkc, dks, dv
+        dk2 = _dot(dsT, q2, dk2, DOT_PREC)
+    return dk2, dv
 
 
 @triton.jit
 def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, KC, THETA, DELTA,
                    skb, skh, skt, skd, svb, svh, svt, svd, sdob, sdoh, sdot, sdod,
                    sdkb, sdkh, sdkt, sdkd, sdvb, sdvh, sdvt, sdvd,
-                   sm_scale, qk_scale, H, TQ, TK, q_offset, NBLK_DDP, Q_BUCKET, K_BUCKET,
+                   sm_scale, qk_scale, H, TQ, TK, q_offset, Q_BUCKET, K_BUCKET,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
     """One program: BLOCK_N key rows of one (batch, head), every query block
     that sees them. Writes dk, dv, this block's row of ddelta partials
-    DDP[b, pid_n, h, :] (summed over blocks and batch by the caller), and the
+    DDP[pid_n, b * H + h, :] (summed over blocks and batch by the caller), and the
     Cartesian keys it makes, KC (B, H, TK, 2D), for the dq kernel."""
     pid_n = tl.program_id(1)  # (the grid's order: see _heavy_first)
     bh = tl.program_id(0).to(tl.int64)
@@ -380,19 +389,19 @@ def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, KC, THETA, DELTA,
     theta = tl.load(THETA + offs_d)
     delta = tl.load(DELTA + h * HEAD_DIM + offs_d)
     kc32, ks32 = _cartesian_tile(k.to(tl.float32), offs_n.to(tl.float32), theta, delta)
-    kc = _cast(kc32, k.dtype)
-    ks = _cast(ks32, k.dtype)
+    # one (BLOCK_N, 2D) key tile [mu cos | mu sin] and one (BLOCK_N, 2D) dk accumulator, not a tile and
+    # an accumulator per half: the same products, in wider dots (dk/dv 1.4-3.5% faster on an H200,
+    # results/kernel.md); the halves are split again for the chain rule after the loop
+    k2 = _join2(_cast(kc32, k.dtype), _cast(ks32, k.dtype))
     # the dq kernel's keys: what the key pre-pass (_cartesian_kernel) would write, from the same helpers
-    kout = KC + bh * TK * 2 * HEAD_DIM + offs_n[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
-    tl.store(kout, kc, mask=cols[:, None])
-    tl.store(kout + HEAD_DIM, ks, mask=cols[:, None])
+    offs_d2 = tl.arange(0, 2 * HEAD_DIM)
+    tl.store(KC + bh * TK * 2 * HEAD_DIM + offs_n[:, None] * (2 * HEAD_DIM) + offs_d2[None, :], k2, mask=cols[:, None])
 
     QC = QC + bh * TQ * 2 * HEAD_DIM
     DO = DO + b * sdob + h * sdoh
     LSE = LSE + bh * TQ
     DI = DI + bh * TQ
-    dkc = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    dks = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dk2 = tl.zeros([BLOCK_N, 2 * HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     if CAUSAL:
         # rows before lo see none of these keys; rows from full_lo on see all
@@ -402,12 +411,13 @@ def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, KC, THETA, DELTA,
     else:
         lo = 0
         full_lo = 0
-    dkc, dks, dv = _dkdv_inner(dkc, dks, dv, kc, ks, v, offs_n, QC, DO, sdot, sdod, LSE, DI,
-                               lo, tl.minimum(full_lo, TQ), TQ, q_offset, qk_scale,
-                               HEAD_DIM, BLOCK_M, True, DOT_PREC)
-    dkc, dks, dv = _dkdv_inner(dkc, dks, dv, kc, ks, v, offs_n, QC, DO, sdot, sdod, LSE, DI,
-                               full_lo, TQ, TQ, q_offset, qk_scale,
-                               HEAD_DIM, BLOCK_M, False, DOT_PREC)
+    dk2, dv = _dkdv_inner(dk2, dv, k2, v, offs_n, QC, DO, sdot, sdod, LSE, DI,
+                          lo, tl.minimum(full_lo, TQ), TQ, q_offset, qk_scale,
+                          HEAD_DIM, BLOCK_M, True, DOT_PREC)
+    dk2, dv = _dkdv_inner(dk2, dv, k2, v, offs_n, QC, DO, sdot, sdod, LSE, DI,
+                          full_lo, TQ, TQ, q_offset, qk_scale,
+                          HEAD_DIM, BLOCK_M, False, DOT_PREC)
+    dkc, dks = _halves(dk2)
     # dv first, so that its registers are free for the rest
     tl.store(DV + b * sdvb + h * sdvh + offs_n[:, None] * sdvt + offs_d[None, :] * sdvd,
              _cast(dv, DV.dtype.element_ty), mask=cols[:, None])
@@ -419,7 +429,7 @@ def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, KC, THETA, DELTA,
     tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkt + offs_d[None, :] * sdkd,
              _cast(dk, DK.dtype.element_ty), mask=cols[:, None])
     dphase = tl.where(cols[:, None], dphase, 0.0)
-    tl.store(DDP + ((b * NBLK_DDP + pid_n) * H + h) * HEAD_DIM + offs_d, tl.sum(dphase, 0))
+    tl.store(DDP + (pid_n * tl.num_programs(0) + bh) * HEAD_DIM + offs_d, tl.sum(dphase, 0))
 
 
 @triton.jit
@@ -497,12 +507,16 @@ def _pope_bwd_dq(Q, KC, V, DO, LSE, DI, DQ, THETA,
 # sweep` on an H200 (126 configs timed per kernel and head dim at four shapes,
 # results/kernel.md): each shape's fastest config and the runners-up that stayed
 # close to it at every shape. At D=64, 64x64 tiles with 4 warps lead in all three.
+# dq at D=64 runs its sweep winner alone: the autotuner, timing dq by itself with a
+# cold L2, picked 128x64/8/4 at (1, 12, 16k) in 4 of 4 tunings and at (2, 12, 4k) in
+# 2 of 4, which in a forward+backward (dq right after dk/dv) is 10% slower there
+# (results/kernel/tunediag.txt).
 _BLOCKS = {
     "fwd": {64: [(64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (64, 128, 4, 2), (128, 64, 4, 3), (128, 128, 8, 3)],
             128: [(128, 64, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2)]},
     "dkdv": {64: [(64, 64, 4, 3), (64, 64, 4, 2), (64, 128, 8, 3), (32, 64, 4, 3)],
              128: [(64, 64, 8, 3), (64, 64, 8, 2), (32, 64, 4, 2)]},
-    "dq": {64: [(64, 64, 4, 3), (64, 64, 4, 2), (64, 32, 4, 3), (128, 64, 8, 4)],
+    "dq": {64: [(64, 64, 4, 3)],
            128: [(64, 64, 4, 3), (128, 64, 8, 2), (64, 32, 4, 2), (128, 32, 8, 3)]},
 }
 # decoding (a handful of query rows against a long cache) is not worth a
@@ -703,13 +717,14 @@ def _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offs
     dv = _empty((B, H, Tk, D), v)
     key = (*buckets, D, causal, q.dtype, k.dtype, v.dtype, do.dtype, delta.dtype, theta.dtype)
     nblk = _cdiv(Tk, _DDP_MIN_BLOCK_N)  # rows for the smallest key block; the launch writes the first
-    ddp = _empty((B, nblk, H, D), q, torch.float32)  # cdiv(Tk, BLOCK_N) of them
+    ddp = _empty((nblk, B * H, D), q, torch.float32)  # cdiv(Tk, BLOCK_N) of them, blocks outermost:
+    #   the rows it wrote are one contiguous (blocks * B, H * D) matrix, whose column sums are one plain reduction
     qc, di = _cartesian(q, theta, None, q_offset, o=out, do=do)
     kc = _empty((B, H, Tk, 2 * D), k)
     grid = lambda meta: _heavy_first(B * H, Tk, meta["BLOCK_N"])
     block_n = _launch(_pope_bwd_dkdv, _pope_bwd_dkdv_tuned, fixed("dkdv"), grid,
                       (k, v, qc, do, lse, di, dk, dv, ddp, kc, theta, delta, *k.stride(), *v.stride(), *do.stride(),
-                       *dk.stride(), *dv.stride(), sm_scale, qk_scale, H, Tq, Tk, q_offset, nblk, *buckets),
+                       *dk.stride(), *dv.stride(), sm_scale, qk_scale, H, Tq, Tk, q_offset, *buckets),
                       dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=prec), key)
     del qc  # (freed before dq is allocated)
     dq = _empty((B, H, Tq, D), q)
@@ -719,7 +734,7 @@ def _bwd_on_device(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offs
     _launch(_pope_bwd_dq, _pope_bwd_dq_tuned, fixed("dq"), grid, args,
             dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC=prec), key)
     # a fixed-order reduction (no atomics): bitwise the same every run
-    ddelta = ddp[:, :_cdiv(Tk, block_n)].sum(dim=(0, 1))
+    ddelta = ddp[:_cdiv(Tk, block_n)].view(-1, H * D).sum(0).view(H, D)
     return dq, dk, dv, ddelta
 
 
