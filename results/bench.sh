@@ -4,7 +4,8 @@
 #                            configs, outputs that start as NaN), two backward runs compared bitwise
 #   python bench.py kernel   causal bf16 attention at (B,H,T,d) = (8,12,1k,64), (2,12,4k,64),
 #                            (1,12,16k,64): fwd, fwd+bwd eager and as one CUDA graph, TFLOP/s, peak
-#                            memory; the PoPE kernel, PoPE's PyTorch path, RoPE + SDPA, SDPA d=64 and d=128
+#                            memory; the PoPE kernel, PoPE's PyTorch path, RoPE + SDPA, SDPA d=64 and d=128,
+#                            and pope-pytorch 0.2.1's fused kernel where it is installed (requirements-optional.txt)
 #   python bench.py sample   decoding tokens/s, 124M PoPE vs RoPE, batch 1 and 8, eager and compiled
 #   python bench.py decode   the decoding kernel's launch constants (warps, programs, tile) against its time
 #   python bench.py host     host time per eager call (the kernel's fwd+bwd, decoding) and a cProfile of it

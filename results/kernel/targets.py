@@ -15,7 +15,7 @@ import re
 HERE = os.path.dirname(os.path.abspath(__file__))
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--kernel", default=os.path.join(HERE, "bench-kernel.txt"), help="bench.py kernel's output")
-ap.add_argument("--train", default=os.path.join(HERE, "..", "train_speed", "bench-train-v2.log"),
+ap.add_argument("--train", default=os.path.join(HERE, "..", "train_speed", "bench-train-v3.log"),
                 help="bench.py train's output")
 ap.add_argument("--host", default=os.path.join(HERE, "bench-host-direct.log"), help="bench.py host's output")
 ap.add_argument("--check", default=os.path.join(HERE, "check.txt"), help="bench.py check's output")
