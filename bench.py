@@ -19,6 +19,8 @@ Usage:
     python bench.py sweep      # every launch config of each attention kernel, timed at the benchmark shapes
     python bench.py ab --variant F  # pope_kernel.py against a modified copy F at 4 shapes: the forward, each config;
                                     # forward+backward as a CUDA graph, GPU µs per kernel (--parts fwd,graph)
+    python bench.py tune       # each attention kernel's autotuned pick in fresh tunings, and each D=64 config's
+                               # cost inside a graphed forward+backward
     python bench.py aot        # no GPU needed: compile every kernel config for sm_90; registers, spills, shared memory;
                                # whether Triton specialises the forward's warps on sm_90
     options: --json PATH (sample, sample_cli, decode, sweep: the rows as JSON), --modes eager,graph,compile (sample),
@@ -478,6 +480,48 @@ def ab_graph(variant, D=64):
         for n, step in steps.items():
             top = gpu_kernels(step, leaves)[:5]
             print(f"    {n:11s} GPU µs: " + ", ".join(f"{e} {t:.1f}" for e, t in top), flush=True)
+        for x in leaves:
+            x.grad = None
+
+
+def tune(shapes=((16, 1024), (2, 4096), (1, 16384)), D=64, trials=4):
+    """How stable each attention kernel's autotuned pick is, and what each of its D=64 launch configs costs
+    inside a forward+backward replayed as a CUDA graph (causal, bf16, 12 heads): per shape, `trials` fresh
+    tunings (Triton's disk cache off) with the pick and every config's autotuning time, then every config of
+    each kernel forced in turn, the other kernels as last tuned: graph ms (median of 3), that kernel's GPU µs.
+    The autotuner times a kernel by itself; in the graph it runs after the others, as in training."""
+    tuners = {"fwd": pk._pope_fwd_tuned, "dkdv": pk._pope_bwd_dkdv_tuned, "dq": pk._pope_bwd_dq_tuned}
+    cfg = lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)  # noqa: E731
+    header(f"autotuned picks and forced configs, D={D}, causal, bf16")
+    for B, T in shapes:
+        H = 768 // D
+        q, k, v, delta, do = inputs(B, H, T, T, D, torch.bfloat16, seed=T)
+        leaves = [x.requires_grad_(True) for x in (q, k, v, delta)]
+        theta = frequencies(D, q.device)
+        step = lambda: pk.pope_attention(q, k, v, pope_delta(delta), theta).backward(do)  # noqa: E731
+        for trial in range(trials):
+            for t in tuners.values():
+                t.cache.clear()
+                t.cache_results = False
+            pk._CHOSEN.clear()
+            step()
+            torch.cuda.synchronize()
+            for kind, t in tuners.items():
+                tim = sorted((cfg(c), round(x[0] * 1000, 1)) for c, x in t.configs_timings.items())
+                print(f"{B},{H},{T} trial {trial} {kind:5s} picked {cfg(t.best_config)}  timings us {tim}", flush=True)
+        tuned = dict(pk._CHOSEN)
+        for kind, t in tuners.items():
+            key = next(kk for kk in tuned if kk[0] is t)
+            name = t.fn.fn.__name__
+            for bm, bn, w, st in pk._BLOCKS[kind][max(D, 64)]:
+                pk._CHOSEN.clear()
+                pk._CHOSEN.update(tuned)
+                pk._CHOSEN[key] = {**tuned[key], "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
+                ms = sorted(graph_ms(step, leaves) for _ in range(3))[1]
+                us = dict(gpu_kernels(step, leaves)).get(name, float("nan"))
+                print(f"{B},{H},{T} forced {kind:5s} {(bm, bn, w, st)}  graph {ms:.4f} ms  {name} {us:.1f} us", flush=True)
+        pk._CHOSEN.clear()
+        pk._CHOSEN.update(tuned)
         for x in leaves:
             x.grad = None
 
@@ -1098,7 +1142,7 @@ def aot():
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", nargs="+", choices=["kernel", "check", "train", "sample", "sample_cli", "aot", "host",
-                                                "decode", "sweep", "launch", "ab"],
+                                                "decode", "sweep", "launch", "ab", "tune"],
                     help="one or more benchmarks, run in the order given")
     ap.add_argument("--json", default=None,
                     help="sample, sample_cli, decode, sweep: also write the rows to this JSON file")
@@ -1143,6 +1187,8 @@ if __name__ == "__main__":
             write_json(a.json, "sweep", sweep(a.head_dim))
         if what == "launch":
             launch()
+        if what == "tune":
+            tune()
         if what == "ab":  # (the variant loaded once for both parts)
             variant = kernel_variant(a.variant)
             if "fwd" in a.parts.split(","):
