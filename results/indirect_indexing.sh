@@ -59,7 +59,8 @@ case $VARIANT in
     *)              echo "VARIANT must be empty, shift_token or question_first, got $VARIANT"; exit 1 ;;
 esac
 OUT=$RESULTS/$OBJECTIVE${VARIANT:+-$VARIANT}${LABEL:+-$LABEL}
-source results/setup.sh  # GPU list, logging, $OUT/env.txt
+ENV_TXT=${ENV_TXT:-$OUT/env-seed$(echo $SEEDS | tr " " _)-$(echo $POS_EMBS | tr " " _).txt}
+source results/setup.sh  # GPU list, logging, the provenance file $ENV_TXT
 
 [ -f data/$DATASET/meta.json ] || python prepare/indirect_indexing.py $PREP --out_dir data/$DATASET
 
