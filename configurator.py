@@ -12,10 +12,9 @@ fine-tuned run. train.py calls, in order:
     rng_states(world)                                      # at every checkpoint: what a resume continues
 
 Every refusal is one line, `error: ...` (sys.exit), naming the problem and the fix.
-The checkpoint readers are here too (section "checkpoints"): sample.py and the eval
-scripts call load_checkpoint(path, device) -> (model in eval mode, checkpoint dict).
+Checkpoints are read by model.py's read_checkpoint / load_checkpoint, the one reader.
 
-Usage: a module, not a script: `from configurator import configure, load_checkpoint, ...`
+Usage: a module, not a script: `from configurator import configure, ...`
 (train.py, sample.py and the eval scripts do); `python configurator.py --help` prints this.
 """
 
@@ -30,14 +29,13 @@ import re
 import shlex
 import sys
 import traceback
-import zipfile
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from model import GPT, GPTConfig
-from prepare.common import REPO_ROOT, PrepareError, checkpoint_error, data_changes, lock_folder
+from model import GPTConfig, CheckpointError, read_checkpoint
+from prepare.common import REPO_ROOT, PrepareError, data_changes, lock_folder
 
 MODEL_KEYS = [f.name for f in dataclasses.fields(GPTConfig) if f.name != "vocab_size"]  # (the data sets the vocabulary)
 RESUME_MAY_CHANGE = ("attn_impl", "dropout")  # model keys a resumed run may set anew
@@ -192,14 +190,10 @@ def resume_config(cfg, given, defaults, argv):
         fresh = " ".join(["python train.py"] + [shlex.quote(a) for a in argv if not a.startswith("--init_from=")])
         sys.exit(f"error: {path} not found: {cfg['out_dir']} holds only the log of a run that stopped before its "
                  f"first checkpoint, so there is nothing to resume; start it anew: {fresh}")
-    if not os.path.exists(path):
-        sys.exit(f"error: checkpoint {path} not found; train first, or fix out_dir / init_from")
-    try:  # tensors and plain types only: a file that needs code to unpickle is refused
-        check_checkpoint_file(path)  # empty, cut short, or a CRC that does not match: refused
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        ckpt["model_args"] = checkpoint_model_args(ckpt, path)
-    except Exception as e:  # noqa: BLE001  (the one line sample.py and the eval scripts print too)
-        sys.exit(f"error: {checkpoint_error(path, e)}")
+    try:
+        ckpt = read_checkpoint(path)
+    except CheckpointError as e:
+        sys.exit(f"error: {e}")
     if cfg["init_from"] != "resume":  # a fine-tune: the model keys the source decides are its
         cfg = {**cfg, **{k: ckpt["model_args"][k] for k in FINETUNE_KEEPS}}
         if cfg["rope_scaling_orig_len"] == 0 and cfg["rope_scaling"] > 1.0:
@@ -292,69 +286,6 @@ def set_rng_states(ckpt, seed, rank, device_type):
     torch.set_rng_state(st["torch"])
     if device_type == "cuda" and st["cuda"] is not None:
         torch.cuda.set_rng_state(st["cuda"])
-
-
-# -----------------------------------------------------------------------------
-# checkpoints. They live here, not in model.py: a resumed or fine-tuned run's settings are
-# read back from its checkpoint (resume_config), and sample.py and the eval scripts load
-# checkpoints through the same checks (load_checkpoint), so every script refuses a bad file alike.
-
-class CheckpointError(ValueError):
-    """A file that is not an intact train.py checkpoint; the message is one line."""
-
-
-def check_checkpoint_file(path):
-    """Refuse (CheckpointError) a checkpoint file that is empty, not the zip archive
-    torch.save writes, or damaged: every member's CRC-32 is checked, so a flipped
-    byte is caught before anything loads it (about a second for 124M with its
-    optimizer). FileNotFoundError if there is none. Called before every torch.load."""
-    if os.path.isdir(path):
-        raise CheckpointError(f"{path} is a folder, not a checkpoint file (train.py writes out_dir/ckpt.pt)")
-    if os.path.getsize(path) == 0:
-        raise CheckpointError(f"{path} is empty (0 bytes): a copy or save that did not finish; use an intact copy")
-    try:
-        with zipfile.ZipFile(path) as z:
-            bad = z.testzip()
-    except (zipfile.BadZipFile, EOFError) as e:
-        raise CheckpointError(f"{path} is not a checkpoint torch.save wrote, or it is cut short ({e})") from None
-    if bad is not None:
-        raise CheckpointError(f"{path} is corrupt: {bad} fails its CRC-32 check (a damaged disk or copy); "
-                              "use an intact copy")
-
-
-def _describe(obj):
-    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
-        return f"a bare state_dict ({len(obj)} tensors such as {next(iter(obj))!r})"
-    if isinstance(obj, dict):
-        return f"a dict with the keys {sorted(map(str, obj))[:8]}"
-    return f"a bare tensor of shape {tuple(obj.shape)}" if isinstance(obj, torch.Tensor) else f"a {type(obj).__name__}"
-
-
-def checkpoint_model_args(ckpt, path="the file"):
-    """A train.py checkpoint's model_args (CheckpointError, naming what path holds,
-    for anything else). Checkpoints written before pope_delta_bound existed were
-    trained with the clamp, so they get it: their delta reads as trained."""
-    if not (isinstance(ckpt, dict) and all(isinstance(ckpt.get(k), dict) for k in ("model", "model_args"))):
-        raise CheckpointError(f"{path} holds {_describe(ckpt)}, not a train.py checkpoint (a dict with the weights "
-                              "under 'model' and the model's settings under 'model_args')")
-    return {"pope_delta_bound": "clamp", **ckpt["model_args"]}
-
-
-def load_checkpoint(path, device="cpu", **overrides):
-    """Load a train.py checkpoint: (model in eval mode, checkpoint dict). overrides
-    replace GPTConfig fields (e.g. attn_impl="torch"). A damaged file is refused
-    (check_checkpoint_file), then read with weights_only=True: tensors, never code."""
-    try:
-        check_checkpoint_file(path)
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"checkpoint {path} not found; train one with train.py (it writes out_dir/ckpt.pt)") from None
-    valid = {f.name for f in dataclasses.fields(GPTConfig)}
-    if set(overrides) - valid:
-        raise ValueError(f"unknown GPTConfig fields {sorted(set(overrides) - valid)}; valid: {sorted(valid)}")
-    model = GPT(GPTConfig(**{**checkpoint_model_args(ckpt, path), **overrides}))
-    model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
-    return model.to(device).eval(), ckpt
 
 
 if __name__ == "__main__":  # (a module: run, it only says what it is)

@@ -36,8 +36,8 @@ from urllib.parse import urlparse
 import torch
 import torch.nn.functional as F
 
-from configurator import check_checkpoint_file, checkpoint_model_args, load_checkpoint
-from prepare.common import PrepareError, check_writable, checkpoint_error, codec, die, write_json
+from model import CheckpointError, load_checkpoint, read_checkpoint
+from prepare.common import PrepareError, check_writable, codec, die, write_json
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIG_DIR = os.path.join(ROOT, "config", "lm_eval")
@@ -121,11 +121,9 @@ def make_lm(model, encode, *, batch_size=8, device="cpu", vocab_size=50257):
 def check_checkpoint(path):
     """(meta, encode) of a checkpoint; a one-line error for anything but a GPT-2-tokenized model."""
     try:  # every checkpoint before any task runs: else a damaged one stops the run after the others' tasks
-        check_checkpoint_file(path)  # empty, cut short, a CRC that does not match
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        checkpoint_model_args(ckpt, path)  # a bare tensor or state_dict
-    except Exception as e:  # noqa: BLE001  (a file that needs pickle is refused: it would run code)
-        die(checkpoint_error(path, e))
+        ckpt = read_checkpoint(path)
+    except CheckpointError as e:
+        die(str(e))
     meta = ckpt.get("meta") or {}
     if meta.get("tokenizer") != "gpt2":
         kind = "a character/token list (itos)" if "itos" in meta else "no GPT-2 tokenizer"
@@ -246,8 +244,8 @@ def main(argv=None):
     for path, (meta, encode) in zip(args.ckpt, checked):
         try:
             model, _ = load_checkpoint(path, device=device)
-        except Exception as e:  # noqa: BLE001  (shapes that do not fit the model_args, ...)
-            die(checkpoint_error(path, e))
+        except CheckpointError as e:
+            die(str(e))
         cfg, n_params = model.config, model.get_num_params()
         label = f"{POS_NAMES.get(cfg.pos_emb, cfg.pos_emb)} {n_params / 1e6:.0f}M"
         label += f" ({path})" if any(r[0] == label for r in rows) else ""

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from configurator import load_checkpoint
-from prepare.common import (PrepareError, check_writable, checkpoint_error, die, load_meta, read_tokens, vocab_key,
+from model import CheckpointError, load_checkpoint
+from prepare.common import (PrepareError, check_writable, die, load_meta, read_tokens, vocab_key,
                             write_atomic, write_json)
 
 DEFAULT_MAX_TOKENS = 1 << 20  # default cap on the scored tokens per length
@@ -286,8 +286,8 @@ def main(argv=None):
     for i, path in enumerate(args.ckpt):
         try:
             model, ckpt = load_checkpoint(path, device, attn_impl=args.attn_impl)
-        except Exception as e:  # noqa: BLE001 (unpickling, missing keys, shapes: all one line)
-            die(checkpoint_error(path, e))
+        except CheckpointError as e:
+            die(str(e))
         cfg, base, rope = model.config, os.path.basename(os.path.normpath(path)), model.config.pos_emb == "rope"
         label = args.labels[i] if args.labels else os.path.splitext(base)[0] if base != "ckpt.pt" else \
             os.path.basename(os.path.dirname(os.path.abspath(path)))

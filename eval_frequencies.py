@@ -35,9 +35,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from configurator import load_checkpoint
-from model import apply_rope, pope_frequencies, rope_cos_sin, yarn_inv_freq
-from prepare.common import (PrepareError, checkpoint_error, die, load_meta, read_tokens, vocab_key, write_atomic,
+from model import CheckpointError, load_checkpoint, apply_rope, pope_frequencies, rope_cos_sin, yarn_inv_freq
+from prepare.common import (PrepareError, die, load_meta, read_tokens, vocab_key, write_atomic,
                             write_json)
 
 DEFAULT_TOKENS = 65536  # without --tokens: up to this many, fewer where --data holds fewer
@@ -176,8 +175,8 @@ def main(argv=None):
     for i, path in enumerate(args.ckpt):
         try:
             model, ckpt = load_checkpoint(path, device)
-        except Exception as e:  # noqa: BLE001 (unpickling, missing keys, shapes: all say the same)
-            die(checkpoint_error(path, e))
+        except CheckpointError as e:
+            die(str(e))
         label, meta = args.labels[i], ckpt.get("meta") or {}
         if (key := vocab_key(meta)) not in streams:  # one token stream per tokenizer
             try:

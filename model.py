@@ -3,15 +3,17 @@ A GPT language model with a switch between PoPE, RoPE and no positional embeddin
 nanoGPT. PoPE's math is in this file, in plain PyTorch, top to bottom as the paper writes it (section "PoPE"
 below); pope_kernel.py holds a fused Triton kernel that computes the same attention.
 
-Usage (as a library; configurator.load_checkpoint loads a train.py checkpoint):
+Usage (as a library; load_checkpoint below loads a train.py checkpoint):
     from model import GPT, GPTConfig
     model = GPT(GPTConfig(pos_emb="pope"))
     logits, loss = model(idx, targets)
 """
 
 import math
+import pickle
 import time
 import warnings
+import zipfile
 from dataclasses import dataclass
 
 import torch
@@ -447,31 +449,73 @@ class GPT(nn.Module):
                 step(out[:, t - N:t])
             else:
                 if run is None:
-                    run, t2 = cuda_graph(step, mode == "compile", cache.pos, tok), clock()
+                    run, t2 = cuda_graph(step, (cache.pos, tok), mode == "compile")[0], clock()
                 run()
             out[:, t] = tok[:, 0]
         if times is not None:
             times.update(prefill=t1 - t0, capture=t2 - t1, decode=clock() - t2)
         return out
 
+# -----------------------------------------------------------------------------
+# checkpoints: the one reader (train.py's resume and fine-tune, sample.py, the eval scripts)
 
-def cuda_graph(fn, compile, *state):
-    """fn() as a CUDA graph (compiled first with compile): its replay. A first call on a side stream compiles, sets
-    up cuBLAS and fills autocast's cache of cast weights, read by the graph; the tensors in state are restored."""
+class CheckpointError(ValueError):
+    """The file is not an intact train.py checkpoint; the message is one line, naming the file."""
+
+
+def read_checkpoint(path, device="cpu"):
+    """A train.py checkpoint's dict, read with weights_only=True (tensors and plain types, never code). Refused with
+    CheckpointError: a missing or damaged file (each zip member's CRC is checked: torch.load does not), a file that
+    would run code, anything but a train.py checkpoint, and non-finite weights (a diverged run)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+        if bad is not None:
+            raise CheckpointError(f"{path} is damaged: {bad} fails its CRC check; use an intact copy")
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except (FileNotFoundError, IsADirectoryError):
+        raise CheckpointError(f"no checkpoint file {path}: train.py writes out_dir/ckpt.pt") from None
+    except (zipfile.BadZipFile, EOFError, RuntimeError) as e:
+        raise CheckpointError(f"{path} is not a checkpoint torch.save wrote, or it is cut short ({e})") from None
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path} is refused: loading it would run code (train.py writes tensors and plain "
+                              "types only)") from None
+    if not (isinstance(ckpt, dict) and isinstance(ckpt.get("model"), dict) and isinstance(ckpt.get("model_args"), dict)):
+        raise CheckpointError(f"{path} is not a train.py checkpoint (a dict with 'model' and 'model_args')")
+    bad = [k for k, v in ckpt["model"].items() if not torch.isfinite(v).all()]
+    if bad:
+        raise CheckpointError(f"{path} has NaN or inf weights ({bad[0]} and {len(bad) - 1} more): the run diverged")
+    return ckpt
+
+
+def load_checkpoint(path, device="cpu", **overrides):
+    """(model in eval mode, checkpoint dict) from read_checkpoint; overrides replace GPTConfig fields."""
+    ckpt = read_checkpoint(path, device)
+    model = GPT(GPTConfig(**{**ckpt["model_args"], **overrides}))
+    model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
+    return model.to(device).eval(), ckpt
+
+
+def cuda_graph(fn, state=(), compile=False, warmup=1):
+    """fn() captured as one CUDA graph (compiled first with compile): (replay, what fn returned in the capture), the
+    one capture helper of training and decoding. The warm-up calls run on a side stream (compilation, cuBLAS set-up,
+    autocast's cache of cast weights); the tensors in state are put back as they were before them."""
     if compile:  # freezing folds the weights' casts once instead of running them at every step
         fn = torch.compile(fn, fullgraph=True, options={"freezing": True})
-    saved = [t.clone() for t in state]
+    saved = [t.detach().clone() for t in state]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        fn()
+        for _ in range(warmup):
+            fn()
     torch.cuda.current_stream().wait_stream(side)
-    for t, s in zip(state, saved):
-        t.copy_(s)
+    with torch.no_grad():
+        for t, s in zip(state, saved):
+            t.copy_(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+        out = fn()
+    return graph.replay, out
 
 
 def sample_next(logits, temperature=1.0, top_k=None, vocab_size=None):

@@ -46,9 +46,8 @@ from contextlib import nullcontext  # noqa: E402
 
 import torch  # noqa: E402
 
-from configurator import load_checkpoint
-from model import KVCache
-from prepare.common import PrepareError, check_writable, checkpoint_error, codec, die, prepare_scripts
+from model import CheckpointError, KVCache, load_checkpoint
+from prepare.common import PrepareError, check_writable, codec, die, prepare_scripts
 
 
 def main(argv=None):
@@ -117,18 +116,10 @@ def main(argv=None):
         p.error(f"--context must be >= 1, got {args.context}")
     torch.manual_seed(args.seed)
     ckpt_path = args.ckpt or os.path.join(args.out_dir, "ckpt.pt")
-    if not os.path.exists(ckpt_path):  # (a folder: load_checkpoint says so)
-        sys.exit(f"error: checkpoint {ckpt_path} not found; train one with train.py or pass --out_dir/--ckpt")
     try:
         model, ckpt = load_checkpoint(ckpt_path, device=device)
-    except Exception as e:  # noqa: BLE001  (weights_only refuses anything but tensors and plain types)
-        sys.exit(f"error: {checkpoint_error(ckpt_path, e)}")
-    # one pass over the weights: NaN/inf ones would decode blank text or crash the sampler
-    bad = [k.removeprefix("_orig_mod.") for k, v in ckpt["model"].items()
-           if v.is_floating_point() and not torch.isfinite(v).all()]
-    if bad:
-        sys.exit(f"error: {ckpt_path} holds NaN or inf weights ({len(bad)} of {len(ckpt['model'])} tensors, "
-                 f"e.g. {bad[0]}), so every sample would be noise; use a checkpoint whose weights are finite")
+    except CheckpointError as e:
+        sys.exit(f"error: {e}")
     meta = ckpt.get("meta", {})
     fmt = None
     if meta.get("format"):  # the dataset's own token names, from prepare/<format>.py

@@ -38,6 +38,7 @@ from tqdm import tqdm
 from configurator import (check_resume_data, claim_out_dir, config_problems, configure, load_weights, log_file,
                           model_args, resume_config, rng_states, set_rng_states)
 from model import GPT, GPTConfig, kernel_unsupported_reason
+from model import cuda_graph as capture_graph  # (cuda_graph is a setting below)
 from prepare.common import REPO_ROOT, Data, PrepareError, make_gen, unlock_folder, write_atomic, write_json
 
 # -----------------------------------------------------------------------------
@@ -184,26 +185,13 @@ class GraphedStep:
         self.lr = torch.tensor(cfg["learning_rate"], device=dev)
         for g in optimizer.param_groups:  # AdamW reads lr from the tensor, updated before each replay
             g.update(lr=self.lr, capturable=True, foreach=True, fused=None)
-        for st in optimizer.state.values():
-            st["step"] = st["step"].to(dev, torch.float32)
-        # warm-up (compile, autotuning) on a side stream, then capture; the warm-up's updates are undone
-        saved = [p.detach().clone() for p in params]
-        saved_state = {id(p): {k: v.clone() for k, v in optimizer.state[p].items()} for p in params
-                       if p in optimizer.state}
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                step(self.batch)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.loss = step(self.batch)
-        with torch.no_grad():
-            for p, v in zip(params, saved):
-                p.copy_(v)
-                for k, t in optimizer.state[p].items():
-                    t.copy_(saved_state[id(p)][k]) if id(p) in saved_state else t.zero_()
+        for p in params:  # AdamW's state made now (a fresh run's first step would), so the warm-up can be undone
+            st = optimizer.state[p]
+            st["step"] = st["step"].to(dev, torch.float32) if st else torch.zeros((), device=dev)
+            for k in ("exp_avg", "exp_avg_sq"):
+                st.setdefault(k, torch.zeros_like(p, memory_format=torch.preserve_format))
+        state = params + [t for p in params for t in optimizer.state[p].values()]
+        self.replay, self.loss = capture_graph(lambda: step(self.batch), state, warmup=3)
 
     def batch(self, micro):
         """Micro-batch micro: Data.batch's rows, gathered on the GPU from self.starts."""
@@ -223,7 +211,7 @@ class GraphedStep:
         self.copied[i] = torch.cuda.Event()
         self.copied[i].record()
         self.lr.fill_(lr)
-        self.graph.replay()
+        self.replay()
         return self.loss
 
 

@@ -27,7 +27,7 @@ sys.path.insert(0, ROOT)
 import eval_extrapolation as ex  # noqa: E402
 import train  # noqa: E402
 from helpers import run_here, script_error, script_help  # noqa: E402
-from configurator import load_checkpoint  # noqa: E402
+from model import load_checkpoint  # noqa: E402
 from model import GPT, GPTConfig, yarn_inv_freq  # noqa: E402
 from prepare.common import Data, PrepareError, codec, read_tokens  # noqa: E402
 
@@ -652,16 +652,6 @@ def test_unwritable_json_is_one_line(env, tmp_path, monkeypatch, readonly):
     out = tmp_path / "r.json"
     assert err(["--ckpt", ck, "--data", val, "--lengths", "32", "--max_tokens", "64", "--json", str(out)]) == \
         f"error: could not write --json {out} (No space left on device); the tables above hold the perplexities"
-
-
-def test_checkpoint_that_needs_pickle_is_one_line(env, tmp_path):
-    """torch's multi-line text was printed whole, advice to use weights_only=False included."""
-    ck = torch.load(env.ckpts["pope"], weights_only=True)
-    ck["config"]["odd"] = fractions.Fraction(1, 3)  # only pickle (running its class) can load it
-    torch.save(ck, tmp_path / "p.pt")
-    msg = err(["--ckpt", str(tmp_path / "p.pt"), "--data", env.val])
-    assert msg.startswith(f"error: cannot load {tmp_path / 'p.pt'}: refused, because loading it would run code "
-                          "(it asks to call fractions.Fraction); ") and "\n" not in msg and "weights_only" not in msg
 
 
 def test_tokenizer_offline_is_a_one_line_error(env, tmp_path, monkeypatch):

@@ -240,20 +240,6 @@ def test_yarn_is_the_published_form(s, L0, D, low, high):
     assert torch.equal(yarn_inv_freq(D, 10000.0, 1.0, L0)[0], theta.float())  # s = 1: plain RoPE
 
 
-def test_checkpoint_without_delta_bound_loads_with_the_clamp(tmp_path):
-    """Checkpoints written before pope_delta_bound existed were trained with the
-    clamp: they load with it, so a delta parameter above 0 keeps acting as 0."""
-    from configurator import load_checkpoint
-    model = tiny("pope").float()
-    args = {f: getattr(model.config, f) for f in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size",
-                                                  "pos_emb", "pope_delta_init", "attn_impl")}
-    torch.save({"model": model.state_dict(), "model_args": args}, tmp_path / "old.pt")
-    loaded, _ = load_checkpoint(str(tmp_path / "old.pt"))
-    assert loaded.config.pope_delta_bound == "clamp" and GPTConfig().pope_delta_bound == "wrap"
-    torch.save({"model": model.state_dict(), "model_args": {**args, "pope_delta_bound": "wrap"}}, tmp_path / "new.pt")
-    assert load_checkpoint(str(tmp_path / "new.pt"))[0].config.pope_delta_bound == "wrap"
-
-
 @pytest.mark.parametrize("name", ["model", "pope_kernel"])
 def test_the_modules_say_what_they_are_when_run(name):
     """python model.py --help (and pope_kernel.py): the module's docstring and that it is a module, not silence."""

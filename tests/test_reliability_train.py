@@ -227,53 +227,29 @@ def test_a_running_job_keeps_its_data_when_prepare_swaps_the_folder(data, tmp_pa
 # -----------------------------------------------------------------------------
 # 3. checkpoint integrity, 4. foreign checkpoint files
 
-def test_damaged_and_foreign_checkpoints_are_refused_in_one_line(data, tmp_path, damage):
+def test_damaged_and_foreign_checkpoints_are_refused(data, tmp_path, damage):
+    """Resume and fine-tune go through model.read_checkpoint (tests/test_checkpoint.py has every kind of bad
+    file): a refusal exits non-zero naming the file, changes nothing and starts no run."""
     run_here(train(data, "--out_dir=o", "--max_iters=2", "--eval_interval=2"), tmp_path)
     good = (tmp_path / "o" / "ckpt.pt").read_bytes()
     ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
     resume = train(data, "--out_dir=o", "--init_from=resume", "--max_iters=4")
-    finetune = train(data, "--out_dir=ft", "--init_from=o/ckpt.pt", "--max_iters=2")
-    # a flipped bit in the tensor data
-    member = damage(tmp_path / "o" / "ckpt.pt")
+    damage(tmp_path / "o" / "ckpt.pt")
     bad = (tmp_path / "o" / "ckpt.pt").read_bytes()
-    assert sum(a != b for a, b in zip(good, bad)) == 1
-    refused(run_here(resume, tmp_path, check=False), "is corrupt", member, "CRC")
-    refused(run_here(finetune, tmp_path, check=False), "is corrupt", member)
-    from configurator import CheckpointError, load_checkpoint  # what sample.py and the eval scripts call
-    from prepare.common import checkpoint_error
-    with pytest.raises(CheckpointError, match="is corrupt"):
-        load_checkpoint(str(tmp_path / "o" / "ckpt.pt"))
+    refused(run_here(resume, tmp_path, check=False), os.path.join("o", "ckpt.pt"))
+    refused(run_here(train(data, "--out_dir=ft", "--init_from=o/ckpt.pt"), tmp_path, check=False), "o/ckpt.pt")
     assert (tmp_path / "o" / "ckpt.pt").read_bytes() == bad and not (tmp_path / "ft").exists()
-    # empty, cut short
-    open(tmp_path / "o" / "ckpt.pt", "wb").close()
-    refused(run_here(resume, tmp_path, check=False), "is empty (0 bytes)")
-    open(tmp_path / "o" / "ckpt.pt", "wb").write(good[:len(good) // 2])
-    refused(run_here(resume, tmp_path, check=False), "cut short")
-    # not a train.py checkpoint: a bare state_dict, a tensor
-    torch.save(ck["model"], tmp_path / "sd.pt")
-    refused(run_here(train(data, "--out_dir=ft", "--init_from=sd.pt"), tmp_path, check=False),
-            "sd.pt holds a bare state_dict", "not a train.py checkpoint")
-    torch.save(torch.zeros(3, 4), tmp_path / "t.pt")
-    refused(run_here(train(data, "--out_dir=ft", "--init_from=t.pt"), tmp_path, check=False),
-            "t.pt holds a bare tensor of shape (3, 4)")
-    with pytest.raises(CheckpointError, match="bare tensor"):
-        load_checkpoint(str(tmp_path / "t.pt"))
-    # one that needs pickle: refused because loading it would run code, in the line sample.py prints
     torch.save({**ck, "config": {**ck["config"], "odd": fractions.Fraction(1, 3)}}, tmp_path / "pk.pt")
-    with pytest.raises(Exception) as e:
-        load_checkpoint(str(tmp_path / "pk.pt"))
-    err = refused(run_here(train(data, "--out_dir=ft", "--init_from=pk.pt"), tmp_path, check=False),
-                  "pk.pt: refused, because loading it would run code (it asks to call fractions.Fraction)")
-    assert err == f"error: {checkpoint_error('pk.pt', e.value)}"
-    # fine-tuning on data with another vocabulary: which weights differ, and why
+    refused(run_here(train(data, "--out_dir=ft", "--init_from=pk.pt"), tmp_path, check=False), "pk.pt")
+    # fine-tuning on data with another vocabulary: the weights that differ are named
     open(tmp_path / "o" / "ckpt.pt", "wb").write(good)
     p = run_here(train(data, "--out_dir=ft", "--init_from=o/ckpt.pt", "--dataset=wide"), tmp_path, check=False)
-    refused(p, "transformer.wte.weight is (20, 32) there, (30, 32) here", "vocab_size is 20", "wide's 30")
+    refused(p, "transformer.wte.weight")
     assert not (tmp_path / "ft").exists()
-    # an intact checkpoint still resumes, and evaluates with --eval_only, which says where eval.json went
+    # an intact checkpoint still resumes, and evaluates with --eval_only into out_dir/eval.json
     run_here(resume, tmp_path)
-    p = run_here(train(data, "--out_dir=o", "--init_from=resume", "--eval_only=True"), tmp_path)
-    assert f"wrote {os.path.join('o', 'eval.json')}" in p.stdout and (tmp_path / "o" / "eval.json").is_file()
+    run_here(train(data, "--out_dir=o", "--init_from=resume", "--eval_only=True"), tmp_path)
+    assert (tmp_path / "o" / "eval.json").is_file()
 
 
 # -----------------------------------------------------------------------------

@@ -1,0 +1,89 @@
+"""model.read_checkpoint, the one checkpoint reader: every kind of file that is not an intact
+train.py checkpoint is refused with CheckpointError naming the file, nothing is run or changed,
+and every script that reads checkpoints exits non-zero naming the file. Tiny models: seconds."""
+import dataclasses
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import eval_extrapolation  # noqa: E402
+import eval_frequencies  # noqa: E402
+import sample  # noqa: E402
+from model import GPT, CheckpointError, GPTConfig, load_checkpoint, read_checkpoint  # noqa: E402
+
+
+class _Payload:
+    """Unpickling this runs code: it creates the file at self.path."""
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ckpts")
+    torch.manual_seed(1234)
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=8, pos_emb="pope", attn_impl="torch")
+    ck = {"model": GPT(cfg).state_dict(), "model_args": dataclasses.asdict(cfg), "config": {"dataset": "toy"},
+          "meta": {"itos": list("abcdefgh"), "vocab_size": 8, "dtype": "uint16"}}
+    torch.save(ck, d / "good.pt")
+    nan = {k: v.clone() for k, v in ck["model"].items()}
+    nan["lm_head.weight"][3, 5] = math.nan
+    torch.save({**ck, "model": nan}, d / "nan.pt")
+    torch.save({**ck, "config": {"evil": _Payload(str(d / "pwned"))}}, d / "code.pt")
+    torch.save(ck["model"], d / "state_dict.pt")
+    torch.save(torch.zeros(3, 4), d / "tensor.pt")
+    (d / "empty.pt").write_bytes(b"")
+    (d / "cut.pt").write_bytes((d / "good.pt").read_bytes()[:-200])
+    (d / "junk.pt").write_bytes(b"not a checkpoint")
+    (d / "folder.pt").mkdir()
+    return d
+
+
+BAD = ["nan.pt", "code.pt", "state_dict.pt", "tensor.pt", "empty.pt", "cut.pt", "junk.pt", "folder.pt", "missing.pt",
+       "flipped.pt"]
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_reader_refuses_what_is_not_an_intact_checkpoint(files, tmp_path, damage, name):
+    path = files / name
+    if name == "flipped.pt":  # one bit of tensor data: only the zip's CRC tells
+        path = tmp_path / name
+        shutil.copy(files / "good.pt", path)
+        damage(path)
+    before = path.read_bytes() if path.is_file() else None
+    with pytest.raises(CheckpointError) as e:
+        read_checkpoint(str(path))
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+    assert not (files / "pwned").exists()  # the pickled payload never ran
+    assert (path.read_bytes() if path.is_file() else None) == before
+
+
+def test_reader_loads_an_intact_checkpoint(files):
+    model, ck = load_checkpoint(str(files / "good.pt"))
+    want = torch.load(files / "good.pt", weights_only=True)["model"]
+    assert all(torch.equal(v, want[k]) for k, v in model.state_dict().items())
+    assert not model.training and ck["config"] == {"dataset": "toy"}
+
+
+@pytest.mark.parametrize("name", ["nan.pt", "code.pt", "tensor.pt"])
+@pytest.mark.parametrize("script", [sample, eval_frequencies, eval_extrapolation])
+def test_every_script_refuses_a_bad_checkpoint(files, tmp_path, capsys, script, name):
+    data = tmp_path / "val.bin"
+    data.write_bytes(bytes(4096))
+    argv = {sample: [f"--ckpt={files / name}", "--start=abc", "--max_new_tokens=2"],
+            eval_frequencies: ["--ckpt", str(files / name), "--data", str(data)],
+            eval_extrapolation: ["--ckpt", str(files / name), "--data", str(data)]}[script]
+    with pytest.raises(SystemExit) as e:
+        script.main(argv)
+    msg = e.value.code if isinstance(e.value.code, str) else capsys.readouterr().err
+    assert e.value.code not in (0, None) and str(files / name) in msg and not (files / "pwned").exists()
