@@ -202,19 +202,26 @@ def load_extrapolation(path, labels):
     return lengths, groups
 
 
-def extrapolation(path, labels, out):
+def extrapolation_tables(path, labels):
+    """Perplexity by length and NLL by position bucket of the longest windows, mean ± std over seeds per group."""
     lengths, groups = load_extrapolation(path, labels)
     Lmax = max(lengths)
     rows = [[g, str(len(ms))] + [mean_std([m["results"][str(L)]["ppl"] for m in ms], 1) for L in lengths]
             for g, ms in groups.items()]
-    print("perplexity by context length (mean ± std over seeds)")
-    print(table(["group", "seeds"] + [str(L) for L in lengths], rows))
+    ppl = table(["group", "seeds"] + [str(L) for L in lengths], rows)
     buckets = [(b["start"], b["end"]) for b in next(iter(groups.values()))[0]["results"][str(Lmax)]["buckets"]]
     rows = [[f"{a}–{b - 1}"] + [mean_std([m["results"][str(Lmax)]["buckets"][i]["nll"] for m in ms], 4)
                                 for ms in groups.values()] for i, (a, b) in enumerate(buckets)]
+    return lengths, groups, ppl, table(["positions"] + list(groups), rows)
+
+
+def extrapolation(path, labels, out):
+    lengths, groups, ppl, nll = extrapolation_tables(path, labels)
+    print("perplexity by context length (mean ± std over seeds)")
+    print(ppl)
     print()
-    print(f"NLL (nats/token) by position, windows of {Lmax} tokens (mean ± std over seeds)")
-    print(table(["positions"] + list(groups), rows))
+    print(f"NLL (nats/token) by position, windows of {max(lengths)} tokens (mean ± std over seeds)")
+    print(nll)
     if out:
         plot_extrapolation(out, lengths, groups)
 
@@ -279,6 +286,449 @@ def diff(paths, lo, hi, window, skip):
     print(table(["runs A vs B", "steps (logged)", "mean", "max", f"max of {window}-step means", "tokens/s B / A"], rows))
 
 
+# ---- statistics for runs paired by seed (no scipy: Student's t from the regularised incomplete beta) ----
+
+def betainc(a, b, x):
+    """I_x(a, b), the regularised incomplete beta, by its continued fraction (modified Lentz, float64)."""
+    if x <= 0 or x >= 1:
+        return float(x >= 1)
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast on this side; use the symmetry otherwise
+        return 1 - betainc(b, a, 1 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    f, c, d = 1.0, 1.0, 0.0
+    for i in range(400):
+        m = i // 2
+        num = 1.0 if i == 0 else (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)) if i % 2 == 0
+                                  else -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)))
+        d = 1 + num * d
+        d = 1 / (d if abs(d) > 1e-300 else 1e-300)
+        c = 1 + num / (c if abs(c) > 1e-300 else 1e-300)
+        f *= c * d
+        if abs(1 - c * d) < 1e-15:
+            break
+    return front * (f - 1)
+
+
+def t_two_sided_p(t, df):
+    """P(|T| >= |t|) for Student's t with df degrees of freedom."""
+    return betainc(df / 2, 0.5, df / (df + t * t))
+
+
+def t_quantile(q, df):
+    """The t with P(T <= t) = q (q > 0.5), by bisection on the two-sided tail."""
+    lo, hi = 0.0, 1e6
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_two_sided_p(mid, df) > 2 * (1 - q) else (lo, mid)
+    return (lo + hi) / 2
+
+
+def sign_test_p(wins, losses):
+    """Two-sided exact binomial p of wins against losses at 1/2 (ties dropped)."""
+    n, k = wins + losses, min(wins, losses)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+
+
+def paired(a, b):
+    """a - b paired by position: n, mean difference, 95% t interval, paired t-test p, sign counts and p.
+    Under 3 pairs the interval and the t-test are None (n too small)."""
+    d = [x - y for x, y in zip(a, b)]
+    n, mean = len(d), statistics.mean(d)
+    wins, losses = sum(x > 0 for x in d), sum(x < 0 for x in d)
+    r = {"n": n, "mean": mean, "lo": None, "hi": None, "p": None, "wins": wins, "losses": losses,
+         "ties": n - wins - losses, "sign_p": sign_test_p(wins, losses)}
+    if n >= 3:
+        se = statistics.stdev(d) / math.sqrt(n)
+        half = t_quantile(0.975, n - 1) * se
+        r.update(lo=mean - half, hi=mean + half, p=t_two_sided_p(mean / se, n - 1) if se else 0.0)
+    return r
+
+
+# ---- RESULTS.md: every table between <!-- table:NAME --> and <!-- /table --> is made here from results/ ----
+
+R = os.path.dirname(os.path.abspath(__file__))
+II = os.path.join(R, "indirect_indexing")
+
+
+def ev(path, split="test", key="acc"):
+    """A split's accuracy (%) or loss from an eval.json."""
+    x = json.load(open(os.path.join(R, path)))[split][key]
+    return 100 * x if key == "acc" else x
+
+
+def ms(xs, nd, unit=""):
+    return f"{statistics.mean(xs):.{nd}f} ± {statistics.stdev(xs):.{nd}f}{unit}" if len(xs) > 1 else f"{xs[0]:.{nd}f}{unit}"
+
+
+def pair_cells(a, b, nd, unit=""):
+    """PoPE − RoPE cells of a paired table: n, mean [95% interval], t-test p, sign counts (p)."""
+    r = paired(a, b)
+    ci = "n too small" if r["lo"] is None else f"[{r['lo']:+.{nd}f}, {r['hi']:+.{nd}f}]"
+    p = "n too small" if r["p"] is None else f"{r['p']:.2g}"
+    return [str(r["n"]), f"{r['mean']:+.{nd}f}{unit}", ci, p,
+            f"{r['wins']} / {r['losses']} / {r['ties']} (p {r['sign_p']:.2g})"]
+
+
+PAIRED_HEAD = ["n", "mean PoPE − RoPE", "95% interval", "paired t p", "PoPE higher / lower / tie (sign p)"]
+II_SEEDS = {"target": range(1337, 1343), "all": range(1337, 1340), "all-question_first": (1337, 1338),
+            "all-shift_token": (1337, 1338), "all-wd0clip0": (1337, 1338)}
+
+
+def ii_acc(folder, pe):
+    return [ev(f"indirect_indexing/{folder}/seed{s}-{pe}/eval.json") for s in II_SEEDS[folder]
+            if os.path.exists(f"{II}/{folder}/seed{s}-{pe}/eval.json")]
+
+
+def t_ii(folder, paper=None):
+    seeds, pes = II_SEEDS[folder], [pe for pe in ("pope", "rope", "none") if ii_acc(folder, pe)]
+    rows = [[str(s)] + [f"{ev(f'indirect_indexing/{folder}/seed{s}-{pe}/eval.json'):.2f}%"
+                        if os.path.exists(f"{II}/{folder}/seed{s}-{pe}/eval.json") else "–" for pe in pes]
+            for s in seeds]
+    rows.append(["mean ± std"] + [ms(ii_acc(folder, pe), 2, "%") for pe in pes])
+    if paper:
+        rows.append(["paper (3 seeds)"] + paper)
+    return table(["seed"] + [{"pope": "PoPE", "rope": "RoPE", "none": "NoPE"}[pe] for pe in pes], rows)
+
+
+VARIANTS = {"all-question_first": "the question (letter, shift) before the string",
+            "all-shift_token": "the shift as one of 31 tokens, not sign and digits",
+            "all-wd0clip0": "the paper's format, weight decay 0, no gradient clipping"}
+
+
+def t_ii_variants():
+    rows = [[v] + [" / ".join(f"{x:.2f}%" for x in ii_acc(f, pe)) for pe in ("pope", "rope")] +
+            [ms(ii_acc(f, pe), 2, "%") for pe in ("pope", "rope")] for f, v in VARIANTS.items()]
+    return table(["variant (loss on every token)", "PoPE 1337 / 1338", "RoPE 1337 / 1338", "PoPE", "RoPE"], rows)
+
+
+def t_ii_paired():
+    rows = [[name] + pair_cells(ii_acc(f, "pope"), ii_acc(f, "rope"), 1, " pt") for f, name in
+            [("target", "paper's format, loss on the target letter"), ("all", "paper's format, loss on every token")] +
+            [(f, v) for f, v in VARIANTS.items()]]
+    return table(["test accuracy, paired by seed"] + PAIRED_HEAD, rows)
+
+
+def evals(path):
+    """{step: val acc %} of the periodic evals (100 batches) in a run folder's metrics.jsonl, or in its training
+    log; not the whole-split eval at the end (the record with a test split)."""
+    p = os.path.join(II, path)
+    if not os.path.exists(p + "/metrics.jsonl"):
+        return {i: 100 * e["val"]["acc"] for i, e in sorted(load(p + ".log")[0].items())}
+    recs = [json.loads(line) for line in open(p + "/metrics.jsonl")]
+    return dict(sorted((r["iter"], 100 * r["eval"]["val"]["acc"]) for r in recs if "val" in r.get("eval", {})
+                       and "test" not in r["eval"]))
+
+
+def takeoff_step(path, pct):
+    return next((i for i, a in evals(path).items() if a > pct), math.inf)
+
+
+def k(step):
+    return "–" if step == math.inf else f"{step // 1000}k"
+
+
+TAKEOFF = [("target", "target letter"), ("all", "every token"), ("all-question_first", "every token, question first"),
+           ("all-shift_token", "every token, shift as one token"), ("all-wd0clip0", "every token, wd 0, no clip")]
+
+
+def t_ii_takeoff():
+    rows = []
+    for f, name in TAKEOFF:
+        for s in II_SEEDS[f]:
+            rows.append([name, str(s)] + [
+                f"{k(takeoff_step(f'{f}/seed{s}-{pe}', 15))} / {k(takeoff_step(f'{f}/seed{s}-{pe}', 50))}"
+                if os.path.exists(f"{II}/{f}/seed{s}-{pe}") else "" for pe in ("pope", "rope", "none")])
+    return table(["objective or variant", "seed", "PoPE", "RoPE", "NoPE"], rows)
+
+
+def t_ii_takeoff_sign():
+    """Take-off (first eval over 15%) paired by distinct seed, the paper's format: who is first."""
+    rows = []
+    for fs, name in ((("target",), "loss on the target letter"), (("all",), "loss on every token"),
+                     (("target", "all"), "both")):
+        a = [-takeoff_step(f"{f}/seed{s}-pope", 15) for f in fs for s in II_SEEDS[f]]
+        b = [-takeoff_step(f"{f}/seed{s}-rope", 15) for f in fs for s in II_SEEDS[f]]
+        r = paired([x if x > -math.inf else -1e9 for x in a], [x if x > -math.inf else -1e9 for x in b])
+        rows.append([name, str(r["n"]), str(r["wins"]), str(r["losses"]), str(r["ties"]), f"{r['sign_p']:.2g}"])
+    return table(["paper's format", "seed pairs", "PoPE first", "RoPE first", "same eval", "sign p"], rows)
+
+
+REPEATS = [("all-logs-only/seed1337", "all-logs-only/seed1337-*"), ("all-logs-only/seed1338", "all-logs-only/seed1338-*"),
+           ("all/seed1337", "all/seed1337-*")]
+
+
+def first_line(path, pattern):
+    m = re.search(pattern, open(path).read(), flags=re.M)
+    return float(m[1])
+
+
+ITER0, VAL0 = r"^iter 0: loss ([\d.]+)", r"^step 0: .*val loss ([\d.]+)"
+
+
+def t_ii_repeats():
+    rows = []
+    for run, label in REPEATS:
+        for pe in ("pope", "rope"):
+            log = f"{II}/{run}-{pe}.log"
+            a, it0, val0 = evals(f"{run}-{pe}"), first_line(log, ITER0), first_line(log, VAL0)
+            rows.append([label.replace("*", pe), f"{it0:.4f}", f"{val0:.4f}",
+                         f"{k(takeoff_step(f'{run}-{pe}', 15))} / {k(takeoff_step(f'{run}-{pe}', 50))}",
+                         f"{a[max(a)]:.2f}%"])
+    return table(["run (all seed 1337)", "loss at iteration 0", "val loss at step 0", "take-off 15% / 50%",
+                  "val acc at 100k"], rows)
+
+
+def ii_prepare():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ii", os.path.join(R, "..", "prepare", "indirect_indexing.py"))
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def t_ii_shift_curve():
+    """Val accuracy along the shift-as-one-token runs, the plateau's val loss, and a model that ignores the shift."""
+    steps = (50000, 60000, 70000, 80000, 90000, 94000, 100000)
+    rows = [[f"{pe}, seed {s}", f"{first_line(f'{II}/all-shift_token/seed{s}-{pe}.log', PLATEAU):.3f}"] +
+            [f"{evals(f'all-shift_token/seed{s}-{pe}')[i]:.1f}" for i in steps]
+            for pe in ("pope", "rope") for s in (1337, 1338)]
+    m = ii_prepare()
+    Ls = range(m.MIN_LEN, m.MAX_LEN + 1)
+    rows.append(["uniform over the string's letters (ignores the shift)", f"{statistics.mean(map(math.log, Ls)):.3f}",
+                 f"{100 * statistics.mean(1 / L for L in Ls):.1f}"] + [""] * (len(steps) - 1))
+    return table(["shift as one token", "val loss at 50k"] + [f"acc % {i // 1000}k" for i in steps], rows)
+
+
+PLATEAU = r"^step 50000: .*val loss ([\d.]+)"
+
+
+def t_ii_floor():
+    f = ii_prepare().content_floor()
+    return table(["rule without positional skill (`content_floor()`)", "accuracy"],
+                 [["copy the source letter at shift 0, else guess among the other letters", f"{100 * f['copy']:.2f}%"],
+                  ["the same, guessing only among letters the shift can reach", f"{100 * f['valid']:.2f}%"]])
+
+
+def task_nll(task, pe, tag, split="test"):
+    """Test NLL per seed of a results/tasks run set (the 3k JSB RoPE seed 1339 from its kept output line)."""
+    out = []
+    for s in (1337, 1338, 1339):
+        p = f"tasks/{task}-{pe}-{s}-{tag}-eval.json"
+        if os.path.exists(os.path.join(R, p)):
+            out.append(ev(p, split, "loss"))
+        elif os.path.exists(os.path.join(R, f"tasks/{task}-{pe}-{s}-{tag}.txt")):
+            out.append(first_line(os.path.join(R, f"tasks/{task}-{pe}-{s}-{tag}.txt"), rf"{split} loss ([\d.]+)"))
+    return out
+
+
+TASKS = [("jsb", "short", "JSB Chorales, 1k steps (config/jsb.py)", ("0.4889", "0.5081")),
+         ("jsb", "3k", "JSB Chorales, 3k steps", ("0.4889", "0.5081")),
+         ("maestro", "3k", "MAESTRO, 3k of 60k steps", ("1.486", "1.501")),
+         ("genome", "2k", "human genome (chr. 20), 2k of 20k steps", ("4.152", "4.217"))]
+
+
+def t_tasks():
+    rows = [[name, pe_name, " / ".join(f"{x:.4f}" for x in task_nll(t, pe, tag)), ms(task_nll(t, pe, tag), 4),
+             ms(task_nll(t, pe, tag, "val"), 4), paper[j]]
+            for t, tag, name, paper in TASKS for j, (pe, pe_name) in enumerate((("pope", "PoPE"), ("rope", "RoPE")))]
+    return table(["task", "model", "test NLL, seeds 1337 / 1338 / 1339", "mean ± std", "val NLL", "paper"], rows)
+
+
+def t_tasks_paired():
+    rows = []
+    for t, tag, name, _ in TASKS:
+        a, b = task_nll(t, "pope", tag), task_nll(t, "rope", tag)
+        rows.append([name] + pair_cells(a[:len(b)], b[:len(a)], 4))
+    return table(["test NLL, paired by seed"] + PAIRED_HEAD, rows)
+
+
+EXTRA = os.path.join(R, "lm", "extrapolation.json")
+
+
+def ppl(label, L):
+    return json.load(open(EXTRA))["models"][label]["results"][str(L)]["ppl"]
+
+
+LM_SEEDS = (1337, 1338, 1339)
+
+
+def t_lm_ppl():
+    return extrapolation_tables(EXTRA, ["PoPE", "RoPE", "RoPE+YaRN", "PoPE+ft", "RoPE+YaRN-ft", "RoPE+YaRN-ft+YaRN"])[2]
+
+
+def t_lm_nll():
+    return extrapolation_tables(EXTRA, ["PoPE", "RoPE", "RoPE+YaRN", "PoPE+ft", "RoPE+YaRN-ft", "RoPE+YaRN-ft+YaRN"])[3]
+
+
+def t_lm_rise():
+    rows = [[name] + [f"{ppl(lab.format(s), 512):.1f} → {ppl(lab.format(s), 5120):.1f} "
+                      f"({100 * (ppl(lab.format(s), 5120) / ppl(lab.format(s), 512) - 1):+.1f}%)" for s in LM_SEEDS]
+            for name, lab in (("PoPE", "PoPE-s{}"), ("RoPE", "RoPE-s{}"), ("RoPE + YaRN", "RoPE-s{}+YaRN"))]
+    return table(["perplexity 512 → 5,120"] + [f"seed {s}" for s in LM_SEEDS], rows)
+
+
+def t_lm_paired():
+    rows = []
+    for name, a, b in (("PoPE − RoPE", "PoPE", "RoPE"), ("project − wrap", "PoPE-project", "PoPE"),
+                       ("clamp − wrap", "PoPE-clamp", "PoPE")):
+        for L in (512, 5120):
+            xa, xb = [ppl(f"{a}-s{s}", L) for s in LM_SEEDS], [ppl(f"{b}-s{s}", L) for s in LM_SEEDS]
+            c = pair_cells(xa, xb, 2)
+            rows.append([f"{name}, perplexity at {L:,}"] + c[:4] +
+                        [f"{100 * statistics.mean(xa) / statistics.mean(xb) - 100:+.1f}%", c[4]])
+    return table(["paired by seed", "n", "mean difference", "95% interval", "paired t p", "relative",
+                  "first higher / lower / tie (sign p)"], rows)
+
+
+def t_lm_seeds():
+    rows = [[name, " / ".join(f"{ppl(f'{lab}-s{s}', 512):.3f}" for s in LM_SEEDS),
+             ms([ppl(f"{lab}-s{s}", 512) for s in LM_SEEDS], 1), paper]
+            for name, lab, paper in (("PoPE", "PoPE", "21.33"), ("RoPE", "RoPE", "21.55"))]
+    return table(["model", "perplexity at 512, seeds 1337 / 1338 / 1339", "mean ± std",
+                  "paper (124M, OWT, 100k steps)"], rows)
+
+
+def t_delta_toy():
+    return "\n".join(line for line in open(os.path.join(R, "delta", "toy.txt")).read().splitlines()
+                     if line.startswith("|"))
+
+
+def t_delta_lm():
+    moved = {}
+    for line in open(os.path.join(R, "lm", "delta.md")):
+        c = [x.strip() for x in line.split("|")[1:-1]]
+        if c and c[0].startswith("seed"):
+            moved[c[0]] = c
+    rows = []
+    for bound, suffix in (("wrap", ""), ("clamp", "-clamp"), ("project", "-project")):
+        runs = [moved[f"seed{s}-pope{suffix}"] for s in LM_SEEDS]
+        rows.append([bound, " / ".join(r[3] for r in runs), " / ".join(r[5] for r in runs),
+                     " / ".join(f"{ppl(f'PoPE{suffix}-s{s}', 512):.2f}" for s in LM_SEEDS),
+                     " / ".join(f"{ppl(f'PoPE{suffix}-s{s}', 5120):.2f}" for s in LM_SEEDS)])
+    return table(["bound", "δ moved > 0.01 rad, seeds 1337 / 1338 / 1339", "δ outside [−2π, 0]", "ppl at 512",
+                  "ppl at 5,120"], rows)
+
+
+def freq_rows(path, names=None):
+    r = json.load(open(os.path.join(R, path)))["models"]
+    rows = []
+    for label, m in r.items():
+        C = len(m["share"][0])
+        even = [C * sum(row[c] for row in m["share"]) / len(m["share"]) for c in range(C)]
+        rows.append([(names or {}).get(label, label), f"{m['top_quarter_share_mean']:.3f}",
+                     f"{min(m['top_quarter_share']):.3f}–{max(m['top_quarter_share']):.3f}",
+                     f"{min(even):.2f}–{max(even):.2f}", f"{sum(even[:C // 4]) / (C // 4):.2f}"])
+    return rows
+
+
+FREQ_HEAD = ["model", "top-quarter share (0.25 = even), mean over layers", "range over layers",
+             "share ÷ even share, min–max over channels", "mean over the top quarter"]
+
+
+def t_freq_ii():
+    rows = []
+    for path, what in (("all-question_first/frequencies-seed1337_1338-pope_rope.json", "question first"),
+                       ("all-shift_token/frequencies-seed1337-pope_rope.json", "shift as one token"),
+                       ("all-shift_token/frequencies-seed1338-pope_rope.json", "shift as one token"),
+                       ("all-wd0clip0/frequencies-seed1337-pope_rope.json", "weight decay 0, no clip"),
+                       ("all-wd0clip0/frequencies-seed1338-pope_rope.json", "weight decay 0, no clip"),
+                       ("all/frequencies-seed1337_1338-none.json", "paper's format"),
+                       ("all/frequencies-seed1339-none.json", "paper's format")):
+        rows += [[f"{r[0]}, {what}"] + r[1:] for r in freq_rows("indirect_indexing/" + path)]
+    return table(FREQ_HEAD, rows)
+
+
+def t_freq_lm():
+    return table(FREQ_HEAD, freq_rows("lm/frequencies.json"))
+
+
+def kernel_lines(path="kernel/bench-kernel.txt"):
+    rows = []
+    for line in open(os.path.join(R, path)):
+        m = re.match(r"(\S.*?)\s{2,}(\d+,\d+,\d+,\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s*$", line)
+        if m:
+            rows.append(list(m.groups()))
+    return rows
+
+
+def t_kernel():
+    return table(["path", "(B,H,T,d)", "fwd ms", "fwd+bwd eager", "fwd+bwd graph", "graph TFLOP/s", "peak MB"],
+                 kernel_lines())
+
+
+def t_kernel_profile():
+    rows, shape = [], None
+    for line in open(os.path.join(R, "kernel/bench-kernel.txt")):
+        m = re.match(r"pope kernel\s+(\d+,\d+,\d+,\d+)", line)
+        shape = m[1] if m else shape
+        m = re.match(r"\s+(pope kernel|SDPA d=128)\s+GPU µs per fwd\+bwd: (.*)", line)
+        if m:
+            us = [(n.strip(), float(x)) for n, x in re.findall(r"(.+?) (\d+\.\d+)(?:, |$)", m[2])]
+            if m[1] == "pope kernel":
+                row = [shape] + [f"{dict(us)[n]:.1f}" for n in ("_pope_fwd", "_pope_bwd_dkdv", "_pope_bwd_dq",
+                                                                 "_cartesian_kernel")]
+            else:  # cuDNN's two attention kernels, the larger the backward
+                vals = sorted((v for n, v in us if n.startswith("cudnn_generated")), reverse=True)
+                rows.append(row + [f"{vals[0]:.1f}, {vals[1]:.1f}"])
+    return table(["(B,H,T,d)", "forward", "dk/dv", "dq", "Cartesian pre-passes", "SDPA d=128: backward, forward"],
+                 rows)
+
+
+def t_kernel_targets():
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, os.path.join(R, "kernel", "targets.py"), "--before",
+                           os.path.join(R, "kernel", "bench-kernel-swept.txt")],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def t_train_step():
+    rows = []
+    for line in open(os.path.join(R, "train_speed/bench-train-v3.log")):
+        m = re.match(r"(rope|pope)\s+attn_impl=(\w+)\s+([\d.]+) ms/step\s+([\d,]+) tok/s", line)
+        if m:
+            rows.append([m[1], m[2], m[3], m[4]])
+    base = float(rows[0][2])
+    return table(["model", "attention", "ms/step", "tokens/s", "÷ RoPE"],
+                 [r + [f"{float(r[2]) / base:.3f}"] for r in rows])
+
+
+def t_decode():
+    rows = json.load(open(os.path.join(R, "sample/bench-sample-direct.json")))["sample"]["rows"]
+    by = {(r["model"], r["context"], r["batch"], r["weights"]): r for r in rows}
+    out = [[pe, str(c), str(b)] + [f"{by[pe, c, b, w][k_]:,.0f}" for k_ in ("eager_tok_s", "graph_tok_s")
+                                   for w in ("autocast", "bfloat16")]
+           for c in (1024, 8192) for b in (1, 8) for pe in ("pope", "rope")]
+    return table(["model", "context", "batch", "eager, autocast", "eager, bf16 weights", "graph, autocast",
+                  "graph, bf16 weights (default)"], out)
+
+
+def t_memory():
+    r = json.load(open(os.path.join(R, "lm/memory-124m.json")))
+    ms_ = {m["pos_emb"]: m["results"] for m in r["models"].values()}
+    Ls = r["lengths"]
+    return table(["peak extra MB, 124M"] + [f"{L:,}" for L in Ls],
+                 [[pe] + [f"{ms_[pe][str(L)]['peak_extra_mem_mb']:.1f}" for L in Ls] for pe in ("pope", "rope")])
+
+
+TABLES = {f.__name__[2:]: f for f in (
+    t_ii_floor, t_ii_paired, t_ii_variants, t_ii_takeoff, t_ii_takeoff_sign, t_ii_repeats, t_ii_shift_curve,
+    t_tasks, t_tasks_paired, t_lm_ppl, t_lm_nll, t_lm_rise, t_lm_seeds, t_lm_paired, t_kernel, t_kernel_profile,
+    t_kernel_targets, t_train_step, t_decode, t_memory, t_delta_toy, t_delta_lm, t_freq_ii, t_freq_lm)}
+TABLES["ii_target"] = lambda: t_ii("target", ["94.82 ± 2.91%", "11.16 ± 2.45%", ""])
+TABLES["ii_all"] = lambda: t_ii("all")
+MARKER = re.compile(r"(<!-- table:(\w+) -->\n)(.*?)(<!-- /table -->)", re.S)
+
+
+def fill(text):
+    """text with every marked table regenerated; an unknown table name is an error."""
+    def one(m):
+        if m[2] not in TABLES:
+            raise SystemExit(f"error: no table named {m[2]} in results/summarize.py")
+        return m[1] + TABLES[m[2]]() + "\n" + m[4]
+    return MARKER.sub(one, text)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="*", help="eval.json, metrics.jsonl and/or training .log files")
@@ -303,7 +753,15 @@ def main():
                     help="tables (and with --plot a figure) of an eval_extrapolation.py --json file, by group of seeds")
     ap.add_argument("--labels", default=None, metavar="GROUP,GROUP",
                     help="--extrapolation: the groups shown, in this order (default all, in the file's order)")
+    ap.add_argument("--write", action="store_true", help="regenerate every marked table of RESULTS.md in place")
     a = ap.parse_args()
+    if a.write:
+        path = os.path.join(R, "..", "RESULTS.md")
+        text = fill(open(path).read())
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+        return
     if a.extrapolation:
         if a.files or a.panel:
             ap.error("--extrapolation takes no other files or --panel")
