@@ -146,7 +146,9 @@ def legend_names(paths):
     names = [run_name(p) for p in paths]
     if len(set(names)) == len(names):
         return names
-    return [f"{os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(p))))}/{n}" for p, n in zip(paths, names)]
+    folder = [os.path.dirname(os.path.abspath(p)) for p in paths]  # a log's folder, a run folder's parent
+    return [f"{os.path.basename(f if p.endswith('.log') else os.path.dirname(f))}/{n}"
+            for p, f, n in zip(paths, folder, names)]
 
 
 def plot(out, panels, split, metric, floor):
