@@ -19,7 +19,8 @@ SETTINGS='OBJECTIVE|VARIANT|SEEDS|POS_EMBS|STEPS|EXTRA|LABEL|RESULTS|TASKS|TAG|B
   else d=unknown; fi
   echo "dirty: ${d:-no}"
   echo "date: $(date -u +%FT%TZ)"
-  echo "gpus: $(nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/null | paste -sd';')"
+  echo "gpus: $(nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/null \
+      | paste -sd';')"
   echo "mps: $(pgrep -f nvidia-cuda-mps-control >/dev/null && echo on || echo off)"
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } > "${ENV_TXT:-$OUT/env.txt}"

@@ -2,11 +2,12 @@
 Markdown tables and curves from train.py's outputs: eval.json, metrics.jsonl and training logs.
 
 Usage:
-    python results/summarize.py RUN/eval.json ...                 # final loss/accuracy per run, mean ± std over seeds
-    python results/summarize.py RUN/metrics.jsonl ...             # last eval, median ms/step and tokens/s per run
-    python results/summarize.py --curve RUN/metrics.jsonl ...     # val loss at every eval step, one row per run
-    python results/summarize.py --takeoff 15,50 RUN/metrics.jsonl ...   # first eval step with val acc above 15%, 50%
-                                                   (a training log, RUN.log, works in place of a metrics.jsonl)
+    python results/summarize.py --write              # regenerate RESULTS.md's tables from the files here
+    python results/summarize.py RUN/eval.json ...            # final loss/accuracy per run, mean ± std
+    python results/summarize.py RUN/metrics.jsonl ...        # last eval, median ms/step and tokens/s per run
+    python results/summarize.py --curve RUN/metrics.jsonl ...               # val loss at every eval step
+    python results/summarize.py --takeoff 15,50 RUN/metrics.jsonl ...     # first eval with val acc > 15%, 50%
+                                   (a training log, RUN.log, works in place of a metrics.jsonl)
     python results/summarize.py --diff A/metrics.jsonl B/metrics.jsonl [C D ...]
                                     # pairs A-B, C-D: per-step |train loss difference| and tokens/s B / A
     python results/summarize.py --plot OUT.png --panel "loss on the target" A/seed*/metrics.jsonl \\
@@ -16,8 +17,8 @@ Usage:
     python results/summarize.py --extrapolation results/lm/extrapolation.json [--plot OUT.png] \\
                                               [--labels PoPE,RoPE,RoPE+YaRN]
                                     # eval_extrapolation.py --json: perplexity by length and NLL by position
-                                    # bucket in the longest windows, mean ± std over seeds per group (--labels:
-                                    # these groups, in this order); --plot: mean over seeds, band min to max
+                                    # bucket in the longest windows, mean ± std over seeds per group
+                                    # (--labels: these groups, in this order); --plot: mean, band min to max
 
 A run is named after its folder (results/lm/seed1337-pope/eval.json -> seed1337-pope),
 or after the file (jsb-pope-1337-eval.json -> jsb-pope-1337). Runs whose names differ
@@ -94,7 +95,8 @@ def summary(paths, skip, ppl):
                      if ev and "acc" in ev[max(ev)].get(s, {}) else None))
     if any(tr for _, tr in runs.values()):
         cols.append(("ms/step", 1, lambda ev, tr: median([r["dt_ms"] for i, r in tr.items() if i >= skip])))
-        cols.append(("tokens/s", 0, lambda ev, tr: median([r["tok_per_s"] for i, r in tr.items() if i >= skip])))
+        cols.append(("tokens/s", 0,
+                     lambda ev, tr: median([r["tok_per_s"] for i, r in tr.items() if i >= skip])))
     vals = {n: [f(ev, tr) for _, _, f in cols] for n, (ev, tr) in runs.items()}
     keep = [j for j in range(len(cols)) if any(v[j] is not None for v in vals.values())]  # drop empty columns
     cols, vals = [cols[j] for j in keep], {n: [v[j] for j in keep] for n, v in vals.items()}
@@ -137,7 +139,8 @@ def takeoff(paths, split, thresholds):
         its = sorted(i for i in ev if "acc" in ev[i].get(split, {}))
         first = [next((str(i) for i in its if 100 * ev[i][split]["acc"] > t), "–") for t in thresholds]
         rows.append([run_name(p)] + first + [fmt(100 * ev[its[-1]][split]["acc"], 2) if its else ""])
-    print(table(["run"] + [f"first step, {split} acc > {t:g}%" for t in thresholds] + [f"last {split} acc %"], rows))
+    print(table(["run"] + [f"first step, {split} acc > {t:g}%" for t in thresholds] + [f"last {split} acc %"],
+                rows))
 
 
 def legend_names(paths):
@@ -157,7 +160,7 @@ def plot(out, panels, split, metric, floor):
     fig = Figure(figsize=(6.5 * len(panels), 4.5))
     for ax, (title, paths) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
         names = legend_names(paths)
-        runs = [re.sub(r"pope|rope|none", "", n) for n in names]  # a name without its pos_emb: one colour each
+        runs = [re.sub(r"pope|rope|none", "", n) for n in names]  # without its pos_emb: one colour each
         colours = sorted(set(runs))
         for p, name, run in zip(paths, names, runs):
             ev = load(p)[0]
@@ -175,10 +178,12 @@ def plot(out, panels, split, metric, floor):
 
 
 def mean_std(xs, nd):
-    """'mean ± std' (sample std) of xs, the value alone for one, 'inf' where one is infinite (null in the JSON)."""
+    """'mean ± std' (sample std) of xs, the value alone for one, 'inf' where one is infinite (JSON null)."""
     if any(x is None or math.isinf(x) for x in xs):
         return "inf"
-    return f"{statistics.mean(xs):,.{nd}f} ± {statistics.stdev(xs):,.{nd}f}" if len(xs) > 1 else f"{xs[0]:,.{nd}f}"
+    if len(xs) == 1:
+        return f"{xs[0]:,.{nd}f}"
+    return f"{statistics.mean(xs):,.{nd}f} ± {statistics.stdev(xs):,.{nd}f}"
 
 
 def load_extrapolation(path, labels):
@@ -190,7 +195,7 @@ def load_extrapolation(path, labels):
         r = json.load(open(path))
         lengths, models = [int(L) for L in r["lengths"]], r["models"]
     except (ValueError, KeyError, TypeError):
-        raise SystemExit(f"error: {path} is not an eval_extrapolation.py --json file (no lengths and models); "
+        raise SystemExit(f"error: {path} is not an eval_extrapolation.py --json file (no lengths, models); "
                          "write one with eval_extrapolation.py --json")
     groups = {}
     for label, m in models.items():
@@ -205,13 +210,14 @@ def load_extrapolation(path, labels):
 
 
 def extrapolation_tables(path, labels):
-    """Perplexity by length and NLL by position bucket of the longest windows, mean ± std over seeds per group."""
+    """Perplexity by length and NLL by position bucket of the longest windows, mean ± std over seeds."""
     lengths, groups = load_extrapolation(path, labels)
     Lmax = max(lengths)
     rows = [[g, str(len(ms))] + [mean_std([m["results"][str(L)]["ppl"] for m in ms], 1) for L in lengths]
             for g, ms in groups.items()]
     ppl = table(["group", "seeds"] + [str(L) for L in lengths], rows)
-    buckets = [(b["start"], b["end"]) for b in next(iter(groups.values()))[0]["results"][str(Lmax)]["buckets"]]
+    first = next(iter(groups.values()))[0]
+    buckets = [(b["start"], b["end"]) for b in first["results"][str(Lmax)]["buckets"]]
     rows = [[f"{a}–{b - 1}"] + [mean_std([m["results"][str(Lmax)]["buckets"][i]["nll"] for m in ms], 4)
                                 for ms in groups.values()] for i, (a, b) in enumerate(buckets)]
     return lengths, groups, ppl, table(["positions"] + list(groups), rows)
@@ -247,14 +253,17 @@ def plot_extrapolation(out, lengths, groups):
         for a, xs, ys, marker in (
                 (ax, lengths, [[value(m["results"][str(L)]["ppl"]) for m in ms] for L in lengths], "o"),
                 (bx, [(b["start"] + b["end"] - 1) / 2 for b in buckets],
-                 [[value(m["results"][str(Lmax)]["buckets"][j]["nll"]) for m in ms] for j in range(len(buckets))], ".")):
+                 [[value(m["results"][str(Lmax)]["buckets"][j]["nll"]) for m in ms]
+                  for j in range(len(buckets))], ".")):
             a.plot(xs, [statistics.mean(y) for y in ys], marker=marker, label=f"{g} ({len(ms)})", **style)
             if len(ms) > 1:
-                a.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=style["color"], alpha=0.2, lw=0)
+                a.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=style["color"],
+                               alpha=0.2, lw=0)
     for T in sorted({m["block_size"] for ms in groups.values() for m in ms}):  # the training contexts
         for a in (ax, bx):
             a.axvline(T, color="gray", linestyle=":", linewidth=1)
-    ax.set(yscale="log", xlabel="context length (tokens)", ylabel="perplexity", title="Perplexity against length")
+    ax.set(yscale="log", xlabel="context length (tokens)", ylabel="perplexity",
+           title="Perplexity against length")
     bx.set(xlabel="position in the window (bucket centre)", ylabel="NLL (nats/token)",
            title=f"NLL by position, windows of {Lmax} tokens")
     for a in (ax, bx):
@@ -279,13 +288,15 @@ def diff(paths, lo, hi, window, skip):
         win = []  # means over `window`-step windows remove most of the batch-to-batch noise
         for s in range(its[0], its[-1] + 1, window):
             ws = [i for i in its if s <= i < s + window]
-            win.append(abs(statistics.mean(ta[i]["loss"] for i in ws) - statistics.mean(tb[i]["loss"] for i in ws)))
+            win.append(abs(statistics.mean(ta[i]["loss"] - tb[i]["loss"] for i in ws)))
         tok_a = median([r["tok_per_s"] for i, r in ta.items() if i >= skip])
         tok_b = median([r["tok_per_s"] for i, r in tb.items() if i >= skip])
-        rows.append([f"{run_name(a)} vs {run_name(b)}", f"{its[0]}–{its[-1]} ({len(its)})", fmt(statistics.mean(d), 4),
-                     fmt(max(d), 4), fmt(max(win), 4), fmt(tok_b / tok_a, 3) if tok_a and tok_b else ""])
+        rows.append([f"{run_name(a)} vs {run_name(b)}", f"{its[0]}–{its[-1]} ({len(its)})",
+                     fmt(statistics.mean(d), 4), fmt(max(d), 4), fmt(max(win), 4),
+                     fmt(tok_b / tok_a, 3) if tok_a and tok_b else ""])
     print("absolute difference of the logged train losses (each the mean over its global batch)")
-    print(table(["runs A vs B", "steps (logged)", "mean", "max", f"max of {window}-step means", "tokens/s B / A"], rows))
+    print(table(["runs A vs B", "steps (logged)", "mean", "max", f"max of {window}-step means",
+                 "tokens/s B / A"], rows))
 
 
 # ---- statistics for runs paired by seed (no scipy: Student's t from the regularised incomplete beta) ----
@@ -296,7 +307,8 @@ def betainc(a, b, x):
         return float(x >= 1)
     if x > (a + 1) / (a + b + 2):  # the fraction converges fast on this side; use the symmetry otherwise
         return 1 - betainc(b, a, 1 - x)
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    front = math.exp(log_front) / a
     f, c, d = 1.0, 1.0, 0.0
     for i in range(400):
         m = i // 2
@@ -346,24 +358,26 @@ def paired(a, b):
     return r
 
 
-# ---- RESULTS.md: every table between <!-- table:NAME --> and <!-- /table --> is made here from results/ ----
+# ---- RESULTS.md: each table between <!-- table:NAME --> and <!-- /table --> is made here from results/ ----
 
 R = os.path.dirname(os.path.abspath(__file__))
 II = os.path.join(R, "indirect_indexing")
+PES = {"pope": "PoPE", "rope": "RoPE", "none": "NoPE"}
 
 
 def ev(path, split="test", key="acc"):
-    """A split's accuracy (%) or loss from an eval.json."""
+    """A split's accuracy (%) or loss from an eval.json under results/."""
     x = json.load(open(os.path.join(R, path)))[split][key]
     return 100 * x if key == "acc" else x
 
 
-def ms(xs, nd, unit=""):
-    return f"{statistics.mean(xs):.{nd}f} ± {statistics.stdev(xs):.{nd}f}{unit}" if len(xs) > 1 else f"{xs[0]:.{nd}f}{unit}"
+def first_float(path, pattern):
+    """The first number a regex captures in a file (a log line)."""
+    return float(re.search(pattern, open(path).read(), flags=re.M)[1])
 
 
 def pair_cells(a, b, nd, unit=""):
-    """PoPE − RoPE cells of a paired table: n, mean [95% interval], t-test p, sign counts (p)."""
+    """Cells of a paired row, a − b: n, mean, 95% interval, t-test p, sign counts (p)."""
     r = paired(a, b)
     ci = "n too small" if r["lo"] is None else f"[{r['lo']:+.{nd}f}, {r['hi']:+.{nd}f}]"
     p = "n too small" if r["p"] is None else f"{r['p']:.2g}"
@@ -371,202 +385,194 @@ def pair_cells(a, b, nd, unit=""):
             f"{r['wins']} / {r['losses']} / {r['ties']} (p {r['sign_p']:.2g})"]
 
 
-PAIRED_HEAD = ["n", "mean PoPE − RoPE", "95% interval", "paired t p", "PoPE higher / lower / tie (sign p)"]
+PAIRED = ["n", "mean PoPE − RoPE", "95% interval", "paired t p", "PoPE higher / lower / tie (sign p)"]
+
+# indirect indexing: folder -> seeds run; the variants' names
 II_SEEDS = {"target": range(1337, 1343), "all": range(1337, 1340), "all-question_first": (1337, 1338),
             "all-shift_token": (1337, 1338), "all-wd0clip0": (1337, 1338)}
-
-
-def ii_acc(folder, pe):
-    return [ev(f"indirect_indexing/{folder}/seed{s}-{pe}/eval.json") for s in II_SEEDS[folder]
-            if os.path.exists(f"{II}/{folder}/seed{s}-{pe}/eval.json")]
-
-
-def t_ii(folder, paper=None):
-    seeds, pes = II_SEEDS[folder], [pe for pe in ("pope", "rope", "none") if ii_acc(folder, pe)]
-    rows = [[str(s)] + [f"{ev(f'indirect_indexing/{folder}/seed{s}-{pe}/eval.json'):.2f}%"
-                        if os.path.exists(f"{II}/{folder}/seed{s}-{pe}/eval.json") else "–" for pe in pes]
-            for s in seeds]
-    rows.append(["mean ± std"] + [ms(ii_acc(folder, pe), 2, "%") for pe in pes])
-    if paper:
-        rows.append(["paper (3 seeds)"] + paper)
-    return table(["seed"] + [{"pope": "PoPE", "rope": "RoPE", "none": "NoPE"}[pe] for pe in pes], rows)
-
-
 VARIANTS = {"all-question_first": "the question (letter, shift) before the string",
             "all-shift_token": "the shift as one of 31 tokens, not sign and digits",
             "all-wd0clip0": "the paper's format, weight decay 0, no gradient clipping"}
 
 
+def has(folder, s, pe):
+    return os.path.exists(f"{II}/{folder}/seed{s}-{pe}/eval.json")
+
+
+def ii_acc(folder, pe):
+    return [ev(f"indirect_indexing/{folder}/seed{s}-{pe}/eval.json") for s in II_SEEDS[folder]
+            if has(folder, s, pe)]
+
+
+def t_ii(folder, paper=None):
+    pes = [pe for pe in PES if ii_acc(folder, pe)]
+    rows = [[str(s)] + [f"{ev(f'indirect_indexing/{folder}/seed{s}-{pe}/eval.json'):.2f}%"
+                        if has(folder, s, pe) else "–" for pe in pes] for s in II_SEEDS[folder]]
+    rows.append(["mean ± std"] + [mean_std(ii_acc(folder, pe), 2) + "%" for pe in pes])
+    return table(["seed"] + [PES[pe] for pe in pes], rows + ([["paper (3 seeds)"] + paper] if paper else []))
+
+
 def t_ii_variants():
-    rows = [[v] + [" / ".join(f"{x:.2f}%" for x in ii_acc(f, pe)) for pe in ("pope", "rope")] +
-            [ms(ii_acc(f, pe), 2, "%") for pe in ("pope", "rope")] for f, v in VARIANTS.items()]
-    return table(["variant (loss on every token)", "PoPE 1337 / 1338", "RoPE 1337 / 1338", "PoPE", "RoPE"], rows)
+    rows = [[v] + [" / ".join(f"{x:.2f}%" for x in ii_acc(f, pe)) for pe in ("pope", "rope")]
+            + [mean_std(ii_acc(f, pe), 2) + "%" for pe in ("pope", "rope")] for f, v in VARIANTS.items()]
+    return table(["variant (loss on every token)", "PoPE 1337 / 1338", "RoPE 1337 / 1338", "PoPE", "RoPE"],
+                 rows)
 
 
 def t_ii_paired():
-    rows = [[name] + pair_cells(ii_acc(f, "pope"), ii_acc(f, "rope"), 1, " pt") for f, name in
-            [("target", "paper's format, loss on the target letter"), ("all", "paper's format, loss on every token")] +
-            [(f, v) for f, v in VARIANTS.items()]]
-    return table(["test accuracy, paired by seed"] + PAIRED_HEAD, rows)
+    names = {"target": "paper's format, loss on the target letter",
+             "all": "paper's format, loss on every token", **VARIANTS}
+    rows = [[name] + pair_cells(ii_acc(f, "pope"), ii_acc(f, "rope"), 1, " pt") for f, name in names.items()]
+    return table(["test accuracy, paired by seed"] + PAIRED, rows)
 
 
 def evals(path):
-    """{step: val acc %} of the periodic evals (100 batches) in a run folder's metrics.jsonl, or in its training
-    log; not the whole-split eval at the end (the record with a test split)."""
+    """{step: val acc %} of the periodic evals (100 batches of 64 rows) in a run folder's metrics.jsonl, or in
+    its training log; not the whole-split eval at the end (the record with a test split)."""
     p = os.path.join(II, path)
     if not os.path.exists(p + "/metrics.jsonl"):
         return {i: 100 * e["val"]["acc"] for i, e in sorted(load(p + ".log")[0].items())}
     recs = [json.loads(line) for line in open(p + "/metrics.jsonl")]
-    return dict(sorted((r["iter"], 100 * r["eval"]["val"]["acc"]) for r in recs if "val" in r.get("eval", {})
-                       and "test" not in r["eval"]))
+    return dict(sorted((r["iter"], 100 * r["eval"]["val"]["acc"]) for r in recs
+                       if "val" in r.get("eval", {}) and "test" not in r["eval"]))
 
 
 def takeoff_step(path, pct):
     return next((i for i, a in evals(path).items() if a > pct), math.inf)
 
 
-def k(step):
-    return "–" if step == math.inf else f"{step // 1000}k"
-
-
-TAKEOFF = [("target", "target letter"), ("all", "every token"), ("all-question_first", "every token, question first"),
-           ("all-shift_token", "every token, shift as one token"), ("all-wd0clip0", "every token, wd 0, no clip")]
+def takeoffs(path):
+    steps = (takeoff_step(path, p) for p in (15, 50))
+    return " / ".join("–" if s == math.inf else f"{s // 1000}k" for s in steps)
 
 
 def t_ii_takeoff():
-    rows = []
-    for f, name in TAKEOFF:
-        for s in II_SEEDS[f]:
-            rows.append([name, str(s)] + [
-                f"{k(takeoff_step(f'{f}/seed{s}-{pe}', 15))} / {k(takeoff_step(f'{f}/seed{s}-{pe}', 50))}"
-                if os.path.exists(f"{II}/{f}/seed{s}-{pe}") else "" for pe in ("pope", "rope", "none")])
-    return table(["objective or variant", "seed", "PoPE", "RoPE", "NoPE"], rows)
+    names = {"target": "target letter", "all": "every token",
+             "all-question_first": "every token, question first",
+             "all-shift_token": "every token, shift as one token",
+             "all-wd0clip0": "every token, wd 0, no clip"}
+    rows = [[name, str(s)] + [takeoffs(f"{f}/seed{s}-{pe}") if has(f, s, pe) else "" for pe in PES]
+            for f, name in names.items() for s in II_SEEDS[f]]
+    return table(["objective or variant", "seed"] + list(PES.values()), rows)
 
 
 def t_ii_takeoff_sign():
-    """Take-off (first eval over 15%) paired by distinct seed, the paper's format: who is first."""
+    """Who passes 15% first, paired by seed, in the paper's format: a negated step, so 'higher' is earlier."""
     rows = []
-    for fs, name in ((("target",), "loss on the target letter"), (("all",), "loss on every token"),
-                     (("target", "all"), "both")):
-        a = [-takeoff_step(f"{f}/seed{s}-pope", 15) for f in fs for s in II_SEEDS[f]]
-        b = [-takeoff_step(f"{f}/seed{s}-rope", 15) for f in fs for s in II_SEEDS[f]]
-        r = paired([x if x > -math.inf else -1e9 for x in a], [x if x > -math.inf else -1e9 for x in b])
-        rows.append([name, str(r["n"]), str(r["wins"]), str(r["losses"]), str(r["ties"]), f"{r['sign_p']:.2g}"])
+    for folders, name in ((("target",), "loss on the target letter"), (("all",), "loss on every token"),
+                          (("target", "all"), "both")):
+        first = [[-min(takeoff_step(f"{f}/seed{s}-{pe}", 15), 1e9) for f in folders for s in II_SEEDS[f]]
+                 for pe in ("pope", "rope")]
+        r = paired(*first)
+        rows.append([name] + [str(r[k]) for k in ("n", "wins", "losses", "ties")] + [f"{r['sign_p']:.2g}"])
     return table(["paper's format", "seed pairs", "PoPE first", "RoPE first", "same eval", "sign p"], rows)
 
 
-REPEATS = [("all-logs-only/seed1337", "all-logs-only/seed1337-*"), ("all-logs-only/seed1338", "all-logs-only/seed1338-*"),
-           ("all/seed1337", "all/seed1337-*")]
-
-
-def first_line(path, pattern):
-    m = re.search(pattern, open(path).read(), flags=re.M)
-    return float(m[1])
-
-
-ITER0, VAL0 = r"^iter 0: loss ([\d.]+)", r"^step 0: .*val loss ([\d.]+)"
-
-
 def t_ii_repeats():
+    """Three runs of seed 1337 with the loss on every token (two of them named 1337 and 1338)."""
     rows = []
-    for run, label in REPEATS:
+    for run in ("all-logs-only/seed1337", "all-logs-only/seed1338", "all/seed1337"):
         for pe in ("pope", "rope"):
-            log = f"{II}/{run}-{pe}.log"
-            a, it0, val0 = evals(f"{run}-{pe}"), first_line(log, ITER0), first_line(log, VAL0)
-            rows.append([label.replace("*", pe), f"{it0:.4f}", f"{val0:.4f}",
-                         f"{k(takeoff_step(f'{run}-{pe}', 15))} / {k(takeoff_step(f'{run}-{pe}', 50))}",
-                         f"{a[max(a)]:.2f}%"])
-    return table(["run (all seed 1337)", "loss at iteration 0", "val loss at step 0", "take-off 15% / 50%",
+            log, acc = f"{II}/{run}-{pe}.log", evals(f"{run}-{pe}")
+            first = [first_float(log, r) for r in
+                     (r"^iter 0: loss ([\d.]+)", r"^step 0: .*val loss ([\d.]+)")]
+            rows.append([f"{run}-{pe}"] + [f"{x:.4f}" for x in first] + [takeoffs(f"{run}-{pe}"),
+                                                                         f"{acc[max(acc)]:.2f}%"])
+    return table(["run (each is seed 1337)", "loss at iteration 0", "val loss at step 0",
+                  "take-off 15% / 50%",
                   "val acc at 100k"], rows)
 
 
 def ii_prepare():
     import importlib.util
-    spec = importlib.util.spec_from_file_location("ii", os.path.join(R, "..", "prepare", "indirect_indexing.py"))
+    path = os.path.join(R, "..", "prepare", "indirect_indexing.py")
+    spec = importlib.util.spec_from_file_location("ii", path)
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
     return m
 
 
+def t_ii_floor():
+    f = ii_prepare().content_floor()
+    return table(["rule without positional skill (`content_floor()`)", "accuracy"], [
+        ["copy the source letter at shift 0, else guess among the other letters", f"{100 * f['copy']:.2f}%"],
+        ["the same, guessing only among letters the shift can reach", f"{100 * f['valid']:.2f}%"]])
+
+
 def t_ii_shift_curve():
-    """Val accuracy along the shift-as-one-token runs, the plateau's val loss, and a model that ignores the shift."""
+    """Val accuracy along the shift-as-one-token runs, the plateau's val loss, a model ignoring the shift."""
     steps = (50000, 60000, 70000, 80000, 90000, 94000, 100000)
-    rows = [[f"{pe}, seed {s}", f"{first_line(f'{II}/all-shift_token/seed{s}-{pe}.log', PLATEAU):.3f}"] +
-            [f"{evals(f'all-shift_token/seed{s}-{pe}')[i]:.1f}" for i in steps]
+    rows = [[f"{pe}, seed {s}", f"{first_float(f'{II}/all-shift_token/seed{s}-{pe}.log', PLATEAU):.3f}"]
+            + [f"{evals(f'all-shift_token/seed{s}-{pe}')[i]:.1f}" for i in steps]
             for pe in ("pope", "rope") for s in (1337, 1338)]
     m = ii_prepare()
-    Ls = range(m.MIN_LEN, m.MAX_LEN + 1)
-    rows.append(["uniform over the string's letters (ignores the shift)", f"{statistics.mean(map(math.log, Ls)):.3f}",
-                 f"{100 * statistics.mean(1 / L for L in Ls):.1f}"] + [""] * (len(steps) - 1))
+    Ls = range(m.MIN_LEN, m.MAX_LEN + 1)  # a model that knows the string but not the shift: uniform over it
+    rows.append(["uniform over the string's letters (ignores the shift)",
+                 f"{statistics.mean(map(math.log, Ls)):.3f}",
+                 f"{100 * statistics.mean(1 / L for L in Ls):.1f}"]
+                + [""] * (len(steps) - 1))
     return table(["shift as one token", "val loss at 50k"] + [f"acc % {i // 1000}k" for i in steps], rows)
 
 
 PLATEAU = r"^step 50000: .*val loss ([\d.]+)"
 
-
-def t_ii_floor():
-    f = ii_prepare().content_floor()
-    return table(["rule without positional skill (`content_floor()`)", "accuracy"],
-                 [["copy the source letter at shift 0, else guess among the other letters", f"{100 * f['copy']:.2f}%"],
-                  ["the same, guessing only among letters the shift can reach", f"{100 * f['valid']:.2f}%"]])
-
-
-def task_nll(task, pe, tag, split="test"):
-    """Test NLL per seed of a results/tasks run set (the 3k JSB RoPE seed 1339 from its kept output line)."""
-    out = []
-    for s in (1337, 1338, 1339):
-        p = f"tasks/{task}-{pe}-{s}-{tag}-eval.json"
-        if os.path.exists(os.path.join(R, p)):
-            out.append(ev(p, split, "loss"))
-        elif os.path.exists(os.path.join(R, f"tasks/{task}-{pe}-{s}-{tag}.txt")):
-            out.append(first_line(os.path.join(R, f"tasks/{task}-{pe}-{s}-{tag}.txt"), rf"{split} loss ([\d.]+)"))
-    return out
-
-
+# music and the genome: (task, tag, name, paper's PoPE and RoPE NLL)
 TASKS = [("jsb", "short", "JSB Chorales, 1k steps (config/jsb.py)", ("0.4889", "0.5081")),
          ("jsb", "3k", "JSB Chorales, 3k steps", ("0.4889", "0.5081")),
          ("maestro", "3k", "MAESTRO, 3k of 60k steps", ("1.486", "1.501")),
          ("genome", "2k", "human genome (chr. 20), 2k of 20k steps", ("4.152", "4.217"))]
 
 
+def task_nll(task, pe, tag, split="test"):
+    """NLL per seed of a results/tasks run set (JSB 3k RoPE seed 1339 from the output line it kept)."""
+    out = []
+    for s in (1337, 1338, 1339):
+        base = os.path.join(R, f"tasks/{task}-{pe}-{s}-{tag}")
+        if os.path.exists(base + "-eval.json"):
+            out.append(ev(base + "-eval.json", split, "loss"))
+        elif os.path.exists(base + ".txt"):
+            out.append(first_float(base + ".txt", rf"{split} loss ([\d.]+)"))
+    return out
+
+
 def t_tasks():
-    rows = [[name, pe_name, " / ".join(f"{x:.4f}" for x in task_nll(t, pe, tag)), ms(task_nll(t, pe, tag), 4),
-             ms(task_nll(t, pe, tag, "val"), 4), paper[j]]
-            for t, tag, name, paper in TASKS for j, (pe, pe_name) in enumerate((("pope", "PoPE"), ("rope", "RoPE")))]
-    return table(["task", "model", "test NLL, seeds 1337 / 1338 / 1339", "mean ± std", "val NLL", "paper"], rows)
+    rows = [[name, PES[pe], " / ".join(f"{x:.4f}" for x in task_nll(t, pe, tag)),
+             mean_std(task_nll(t, pe, tag), 4), mean_std(task_nll(t, pe, tag, "val"), 4), paper[j]]
+            for t, tag, name, paper in TASKS for j, pe in enumerate(("pope", "rope"))]
+    return table(["task", "model", "test NLL, seeds 1337 / 1338 / 1339", "mean ± std", "val NLL", "paper"],
+                 rows)
 
 
 def t_tasks_paired():
-    rows = []
-    for t, tag, name, _ in TASKS:
-        a, b = task_nll(t, "pope", tag), task_nll(t, "rope", tag)
-        rows.append([name] + pair_cells(a[:len(b)], b[:len(a)], 4))
-    return table(["test NLL, paired by seed"] + PAIRED_HEAD, rows)
+    rows = [[name] + pair_cells(task_nll(t, "pope", tag), task_nll(t, "rope", tag), 4)
+            for t, tag, name, _ in TASKS]
+    return table(["test NLL, paired by seed"] + PAIRED, rows)
 
 
+# language models: results/lm/extrapolation.json, labels <model>-s<seed>[+YaRN]
 EXTRA = os.path.join(R, "lm", "extrapolation.json")
+LM_SEEDS = (1337, 1338, 1339)
+LM_GROUPS = ["PoPE", "RoPE", "RoPE+YaRN", "PoPE+ft", "RoPE+YaRN-ft", "RoPE+YaRN-ft+YaRN"]
 
 
 def ppl(label, L):
     return json.load(open(EXTRA))["models"][label]["results"][str(L)]["ppl"]
 
 
-LM_SEEDS = (1337, 1338, 1339)
-
-
-def t_lm_ppl():
-    return extrapolation_tables(EXTRA, ["PoPE", "RoPE", "RoPE+YaRN", "PoPE+ft", "RoPE+YaRN-ft", "RoPE+YaRN-ft+YaRN"])[2]
-
-
-def t_lm_nll():
-    return extrapolation_tables(EXTRA, ["PoPE", "RoPE", "RoPE+YaRN", "PoPE+ft", "RoPE+YaRN-ft", "RoPE+YaRN-ft+YaRN"])[3]
-
-
 def t_lm_rise():
-    rows = [[name] + [f"{ppl(lab.format(s), 512):.1f} → {ppl(lab.format(s), 5120):.1f} "
-                      f"({100 * (ppl(lab.format(s), 5120) / ppl(lab.format(s), 512) - 1):+.1f}%)" for s in LM_SEEDS]
-            for name, lab in (("PoPE", "PoPE-s{}"), ("RoPE", "RoPE-s{}"), ("RoPE + YaRN", "RoPE-s{}+YaRN"))]
+    rise = [[ppl(lab.format(s), L) for L in (512, 5120)] for lab in ("PoPE-s{}", "RoPE-s{}", "RoPE-s{}+YaRN")
+            for s in LM_SEEDS]
+    rows = [[name] + [f"{a:.1f} → {b:.1f} ({100 * (b / a - 1):+.1f}%)" for a, b in rise[3 * i:3 * i + 3]]
+            for i, name in enumerate(("PoPE", "RoPE", "RoPE + YaRN"))]
     return table(["perplexity 512 → 5,120"] + [f"seed {s}" for s in LM_SEEDS], rows)
+
+
+def t_lm_seeds():
+    rows = [[name, " / ".join(f"{ppl(f'{name}-s{s}', 512):.3f}" for s in LM_SEEDS),
+             mean_std([ppl(f"{name}-s{s}", 512) for s in LM_SEEDS], 1), paper]
+            for name, paper in (("PoPE", "21.33"), ("RoPE", "21.55"))]
+    return table(["model", "perplexity at 512, seeds 1337 / 1338 / 1339", "mean ± std",
+                  "paper (124M, OWT, 100k steps)"], rows)
 
 
 def t_lm_paired():
@@ -576,18 +582,10 @@ def t_lm_paired():
         for L in (512, 5120):
             xa, xb = [ppl(f"{a}-s{s}", L) for s in LM_SEEDS], [ppl(f"{b}-s{s}", L) for s in LM_SEEDS]
             c = pair_cells(xa, xb, 2)
-            rows.append([f"{name}, perplexity at {L:,}"] + c[:4] +
-                        [f"{100 * statistics.mean(xa) / statistics.mean(xb) - 100:+.1f}%", c[4]])
+            rows.append([f"{name}, perplexity at {L:,}"] + c[:4]
+                        + [f"{100 * statistics.mean(xa) / statistics.mean(xb) - 100:+.1f}%", c[4]])
     return table(["paired by seed", "n", "mean difference", "95% interval", "paired t p", "relative",
                   "first higher / lower / tie (sign p)"], rows)
-
-
-def t_lm_seeds():
-    rows = [[name, " / ".join(f"{ppl(f'{lab}-s{s}', 512):.3f}" for s in LM_SEEDS),
-             ms([ppl(f"{lab}-s{s}", 512) for s in LM_SEEDS], 1), paper]
-            for name, lab, paper in (("PoPE", "PoPE", "21.33"), ("RoPE", "RoPE", "21.55"))]
-    return table(["model", "perplexity at 512, seeds 1337 / 1338 / 1339", "mean ± std",
-                  "paper (124M, OWT, 100k steps)"], rows)
 
 
 def t_delta_toy():
@@ -596,30 +594,25 @@ def t_delta_toy():
 
 
 def t_delta_lm():
-    moved = {}
-    for line in open(os.path.join(R, "lm", "delta.md")):
-        c = [x.strip() for x in line.split("|")[1:-1]]
-        if c and c[0].startswith("seed"):
-            moved[c[0]] = c
-    rows = []
-    for bound, suffix in (("wrap", ""), ("clamp", "-clamp"), ("project", "-project")):
-        runs = [moved[f"seed{s}-pope{suffix}"] for s in LM_SEEDS]
-        rows.append([bound, " / ".join(r[3] for r in runs), " / ".join(r[5] for r in runs),
-                     " / ".join(f"{ppl(f'PoPE{suffix}-s{s}', 512):.2f}" for s in LM_SEEDS),
-                     " / ".join(f"{ppl(f'PoPE{suffix}-s{s}', 5120):.2f}" for s in LM_SEEDS)])
+    cells = {c[0]: c for c in ([x.strip() for x in line.split("|")[1:-1]] for line in
+                               open(os.path.join(R, "lm", "delta.md"))) if c and c[0].startswith("seed")}
+    rows = [[bound] + [" / ".join(cells[f"seed{s}-pope{suffix}"][j] for s in LM_SEEDS) for j in (3, 5)]
+            + [" / ".join(f"{ppl(f'PoPE{suffix}-s{s}', L):.2f}" for s in LM_SEEDS) for L in (512, 5120)]
+            for bound, suffix in (("wrap", ""), ("clamp", "-clamp"), ("project", "-project"))]
     return table(["bound", "δ moved > 0.01 rad, seeds 1337 / 1338 / 1339", "δ outside [−2π, 0]", "ppl at 512",
                   "ppl at 5,120"], rows)
 
 
-def freq_rows(path, names=None):
-    r = json.load(open(os.path.join(R, path)))["models"]
+def freq_rows(path, suffix=""):
+    """Per model of an eval_frequencies.py --json file: top-quarter share (mean and range over layers), each
+    channel's share (mean over layers) over an even share: its range and its mean over the top quarter."""
     rows = []
-    for label, m in r.items():
+    for label, m in json.load(open(os.path.join(R, path)))["models"].items():
         C = len(m["share"][0])
-        even = [C * sum(row[c] for row in m["share"]) / len(m["share"]) for c in range(C)]
-        rows.append([(names or {}).get(label, label), f"{m['top_quarter_share_mean']:.3f}",
-                     f"{min(m['top_quarter_share']):.3f}–{max(m['top_quarter_share']):.3f}",
-                     f"{min(even):.2f}–{max(even):.2f}", f"{sum(even[:C // 4]) / (C // 4):.2f}"])
+        even = [C * statistics.mean(row[c] for row in m["share"]) for c in range(C)]
+        top = m["top_quarter_share"]
+        rows.append([label + suffix, f"{m['top_quarter_share_mean']:.3f}", f"{min(top):.3f}–{max(top):.3f}",
+                     f"{min(even):.2f}–{max(even):.2f}", f"{statistics.mean(even[:C // 4]):.2f}"])
     return rows
 
 
@@ -628,52 +621,45 @@ FREQ_HEAD = ["model", "top-quarter share (0.25 = even), mean over layers", "rang
 
 
 def t_freq_ii():
-    rows = []
-    for path, what in (("all-question_first/frequencies-seed1337_1338-pope_rope.json", "question first"),
-                       ("all-shift_token/frequencies-seed1337-pope_rope.json", "shift as one token"),
-                       ("all-shift_token/frequencies-seed1338-pope_rope.json", "shift as one token"),
-                       ("all-wd0clip0/frequencies-seed1337-pope_rope.json", "weight decay 0, no clip"),
-                       ("all-wd0clip0/frequencies-seed1338-pope_rope.json", "weight decay 0, no clip"),
-                       ("all/frequencies-seed1337_1338-none.json", "paper's format"),
-                       ("all/frequencies-seed1339-none.json", "paper's format")):
-        rows += [[f"{r[0]}, {what}"] + r[1:] for r in freq_rows("indirect_indexing/" + path)]
-    return table(FREQ_HEAD, rows)
+    runs = [("all-question_first", "seed1337_1338-pope_rope", "question first"),
+            ("all-shift_token", "seed1337-pope_rope", "shift as one token"),
+            ("all-shift_token", "seed1338-pope_rope", "shift as one token"),
+            ("all-wd0clip0", "seed1337-pope_rope", "weight decay 0, no clip"),
+            ("all-wd0clip0", "seed1338-pope_rope", "weight decay 0, no clip"),
+            ("all", "seed1337_1338-none", "paper's format"), ("all", "seed1339-none", "paper's format")]
+    return table(FREQ_HEAD, [r for f, name, what in runs for r in
+                             freq_rows(f"indirect_indexing/{f}/frequencies-{name}.json", f", {what}")])
 
 
 def t_freq_lm():
     return table(FREQ_HEAD, freq_rows("lm/frequencies.json"))
 
 
-def kernel_lines(path="kernel/bench-kernel.txt"):
-    rows = []
-    for line in open(os.path.join(R, path)):
-        m = re.match(r"(\S.*?)\s{2,}(\d+,\d+,\d+,\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s*$", line)
-        if m:
-            rows.append(list(m.groups()))
-    return rows
-
-
 def t_kernel():
-    return table(["path", "(B,H,T,d)", "fwd ms", "fwd+bwd eager", "fwd+bwd graph", "graph TFLOP/s", "peak MB"],
-                 kernel_lines())
+    """bench.py kernel's table lines: path, shape, fwd, eager fwd+bwd, graph fwd+bwd, TFLOP/s, peak MB."""
+    line = re.compile(r"(\S.*?)\s{2,}(\d+,\d+,\d+,\d+)" + r"\s+([\d.]+)" * 5 + r"\s*$")
+    rows = [list(m.groups()) for m in map(line.match, open(os.path.join(R, "kernel/bench-kernel.txt"))) if m]
+    return table(["path", "(B,H,T,d)", "fwd ms", "fwd+bwd eager", "fwd+bwd graph", "graph TFLOP/s",
+                  "peak MB"], rows)
 
 
 def t_kernel_profile():
+    """bench.py kernel's per-kernel GPU µs: the PoPE kernel's parts, and cuDNN's two kernels at d=128."""
     rows, shape = [], None
     for line in open(os.path.join(R, "kernel/bench-kernel.txt")):
-        m = re.match(r"pope kernel\s+(\d+,\d+,\d+,\d+)", line)
-        shape = m[1] if m else shape
+        shape = (re.match(r"pope kernel\s+(\d+,\d+,\d+,\d+)", line) or [None, shape])[1]
         m = re.match(r"\s+(pope kernel|SDPA d=128)\s+GPU µs per fwd\+bwd: (.*)", line)
-        if m:
-            us = [(n.strip(), float(x)) for n, x in re.findall(r"(.+?) (\d+\.\d+)(?:, |$)", m[2])]
-            if m[1] == "pope kernel":
-                row = [shape] + [f"{dict(us)[n]:.1f}" for n in ("_pope_fwd", "_pope_bwd_dkdv", "_pope_bwd_dq",
-                                                                 "_cartesian_kernel")]
-            else:  # cuDNN's two attention kernels, the larger the backward
-                vals = sorted((v for n, v in us if n.startswith("cudnn_generated")), reverse=True)
-                rows.append(row + [f"{vals[0]:.1f}, {vals[1]:.1f}"])
-    return table(["(B,H,T,d)", "forward", "dk/dv", "dq", "Cartesian pre-passes", "SDPA d=128: backward, forward"],
-                 rows)
+        if not m:
+            continue
+        us = [(n.strip(), float(x)) for n, x in re.findall(r"(.+?) (\d+\.\d+)(?:, |$)", m[2])]
+        if m[1] == "pope kernel":
+            row = [shape] + [f"{dict(us)[n]:.1f}" for n in ("_pope_fwd", "_pope_bwd_dkdv", "_pope_bwd_dq",
+                                                             "_cartesian_kernel")]
+        else:  # the larger of cuDNN's two attention kernels is the backward
+            cudnn = sorted((x for n, x in us if n.startswith("cudnn_generated")), reverse=True)
+            rows.append(row + [f"{cudnn[0]:.1f}, {cudnn[1]:.1f}"])
+    return table(["(B,H,T,d)", "forward", "dk/dv", "dq", "Cartesian pre-passes",
+                  "SDPA d=128: backward, forward"], rows)
 
 
 def t_kernel_targets():
@@ -685,40 +671,38 @@ def t_kernel_targets():
 
 
 def t_train_step():
-    rows = []
-    for line in open(os.path.join(R, "train_speed/bench-train-v3.log")):
-        m = re.match(r"(rope|pope)\s+attn_impl=(\w+)\s+([\d.]+) ms/step\s+([\d,]+) tok/s", line)
-        if m:
-            rows.append([m[1], m[2], m[3], m[4]])
-    base = float(rows[0][2])
+    steps = re.findall(r"^(rope|pope)\s+attn_impl=(\w+)\s+([\d.]+) ms/step\s+([\d,]+) tok/s",
+                       open(os.path.join(R, "train_speed/bench-train-v3.log")).read(), flags=re.M)
     return table(["model", "attention", "ms/step", "tokens/s", "÷ RoPE"],
-                 [r + [f"{float(r[2]) / base:.3f}"] for r in rows])
+                 [list(s) + [f"{float(s[2]) / float(steps[0][2]):.3f}"] for s in steps])
 
 
 def t_decode():
     rows = json.load(open(os.path.join(R, "sample/bench-sample-direct.json")))["sample"]["rows"]
     by = {(r["model"], r["context"], r["batch"], r["weights"]): r for r in rows}
-    out = [[pe, str(c), str(b)] + [f"{by[pe, c, b, w][k_]:,.0f}" for k_ in ("eager_tok_s", "graph_tok_s")
-                                   for w in ("autocast", "bfloat16")]
-           for c in (1024, 8192) for b in (1, 8) for pe in ("pope", "rope")]
     return table(["model", "context", "batch", "eager, autocast", "eager, bf16 weights", "graph, autocast",
-                  "graph, bf16 weights (default)"], out)
+                  "graph, bf16 weights (default)"],
+                 [[pe, str(c), str(b)] + [f"{by[pe, c, b, w][k]:,.0f}" for k in ("eager_tok_s", "graph_tok_s")
+                                          for w in ("autocast", "bfloat16")]
+                  for c in (1024, 8192) for b in (1, 8) for pe in ("pope", "rope")])
 
 
 def t_memory():
     r = json.load(open(os.path.join(R, "lm/memory-124m.json")))
-    ms_ = {m["pos_emb"]: m["results"] for m in r["models"].values()}
-    Ls = r["lengths"]
-    return table(["peak extra MB, 124M"] + [f"{L:,}" for L in Ls],
-                 [[pe] + [f"{ms_[pe][str(L)]['peak_extra_mem_mb']:.1f}" for L in Ls] for pe in ("pope", "rope")])
+    res = {m["pos_emb"]: m["results"] for m in r["models"].values()}
+    return table(["peak extra MB, 124M"] + [f"{L:,}" for L in r["lengths"]],
+                 [[pe] + [f"{res[pe][str(L)]['peak_extra_mem_mb']:.1f}" for L in r["lengths"]]
+                  for pe in ("pope", "rope")])
 
 
 TABLES = {f.__name__[2:]: f for f in (
     t_ii_floor, t_ii_paired, t_ii_variants, t_ii_takeoff, t_ii_takeoff_sign, t_ii_repeats, t_ii_shift_curve,
-    t_tasks, t_tasks_paired, t_lm_ppl, t_lm_nll, t_lm_rise, t_lm_seeds, t_lm_paired, t_kernel, t_kernel_profile,
-    t_kernel_targets, t_train_step, t_decode, t_memory, t_delta_toy, t_delta_lm, t_freq_ii, t_freq_lm)}
-TABLES["ii_target"] = lambda: t_ii("target", ["94.82 ± 2.91%", "11.16 ± 2.45%", ""])
-TABLES["ii_all"] = lambda: t_ii("all")
+    t_tasks, t_tasks_paired, t_lm_rise, t_lm_seeds, t_lm_paired, t_kernel, t_kernel_profile, t_kernel_targets,
+    t_train_step, t_decode, t_memory, t_delta_toy, t_delta_lm, t_freq_ii, t_freq_lm)}
+TABLES.update(ii_target=lambda: t_ii("target", ["94.82 ± 2.91%", "11.16 ± 2.45%", ""]),
+              ii_all=lambda: t_ii("all"),
+              lm_ppl=lambda: extrapolation_tables(EXTRA, LM_GROUPS)[2],
+              lm_nll=lambda: extrapolation_tables(EXTRA, LM_GROUPS)[3])
 MARKER = re.compile(r"(<!-- table:(\w+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
 
@@ -737,8 +721,9 @@ def main():
     ap.add_argument("--curve", action="store_true", help="the eval loss at every eval step, one row per run")
     ap.add_argument("--split", default="val", help="the split of --curve and --takeoff (default val)")
     ap.add_argument("--takeoff", default=None, metavar="PCT,PCT",
-                    help="the first eval step whose accuracy exceeds each of these percentages, one row per run")
-    ap.add_argument("--diff", action="store_true", help="compare pairs of metrics.jsonl files (train loss, tokens/s)")
+                    help="the first eval step whose accuracy exceeds each of these percentages, per run")
+    ap.add_argument("--diff", action="store_true",
+                    help="compare pairs of metrics.jsonl files (train loss, tokens/s)")
     ap.add_argument("--from", dest="lo", type=int, default=0, help="--diff: first step compared (default 0)")
     ap.add_argument("--to", dest="hi", type=int, default=10**12, help="--diff: compare steps below this one")
     ap.add_argument("--window", type=int, default=20, help="--diff: steps per window of means (default 20)")
@@ -748,14 +733,16 @@ def main():
     ap.add_argument("--plot", default=None, metavar="OUT.png", help="draw the eval curves to this PNG")
     ap.add_argument("--panel", nargs="+", action="append", default=[], metavar=("TITLE", "FILE"),
                     help="--plot: a panel, its title then its metrics.jsonl / .log files (repeat for more)")
-    ap.add_argument("--metric", default="acc", choices=["acc", "loss"], help="--plot: the metric (default acc)")
+    ap.add_argument("--metric", default="acc", choices=["acc", "loss"],
+                    help="--plot: the metric (default acc)")
     ap.add_argument("--floor", type=float, default=None,
                     help="--plot: a grey line at this value in every panel (e.g. a task's content floor)")
     ap.add_argument("--extrapolation", default=None, metavar="JSON",
-                    help="tables (and with --plot a figure) of an eval_extrapolation.py --json file, by group of seeds")
+                    help="tables (with --plot, a figure) of an eval_extrapolation.py --json file")
     ap.add_argument("--labels", default=None, metavar="GROUP,GROUP",
-                    help="--extrapolation: the groups shown, in this order (default all, in the file's order)")
-    ap.add_argument("--write", action="store_true", help="regenerate every marked table of RESULTS.md in place")
+                    help="--extrapolation: the groups shown, in this order (default: all, as in the file)")
+    ap.add_argument("--write", action="store_true",
+                    help="regenerate every marked table of RESULTS.md in place")
     a = ap.parse_args()
     if a.write:
         path = os.path.join(R, "..", "RESULTS.md")
