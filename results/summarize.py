@@ -677,6 +677,17 @@ def t_train_step():
                  [list(s) + [f"{float(s[2]) / float(steps[0][2]):.3f}"] for s in steps])
 
 
+def t_train_small():
+    """train.py's logged step times of the indirect-indexing model, 400 steps: median from step 100 on, last."""
+    rows = []
+    for run in ("ii-pope-reduce-overhead", "ii-pope-cuda-graph", "ii-rope-cuda-graph"):
+        ms = [(int(i), float(x)) for i, x in re.findall(r"^iter (\d+): .*?, ([\d.]+) ms,",
+                                                         open(os.path.join(R, f"train_speed/{run}.log")).read(),
+                                                         flags=re.M)]
+        rows.append([run[3:], f"{statistics.median(x for i, x in ms if i >= 100):.1f}", f"{ms[-1][1]:.1f}"])
+    return table(["model, step as", "median ms/step, steps 100-350", "ms/step at step 350"], rows)
+
+
 def t_decode():
     rows = json.load(open(os.path.join(R, "sample/bench-sample-direct.json")))["sample"]["rows"]
     by = {(r["model"], r["context"], r["batch"], r["weights"]): r for r in rows}
@@ -698,7 +709,7 @@ def t_memory():
 TABLES = {f.__name__[2:]: f for f in (
     t_ii_floor, t_ii_paired, t_ii_variants, t_ii_takeoff, t_ii_takeoff_sign, t_ii_repeats, t_ii_shift_curve,
     t_tasks, t_tasks_paired, t_lm_rise, t_lm_seeds, t_lm_paired, t_kernel, t_kernel_profile, t_kernel_targets,
-    t_train_step, t_decode, t_memory, t_delta_toy, t_delta_lm, t_freq_ii, t_freq_lm)}
+    t_train_step, t_train_small, t_decode, t_memory, t_delta_toy, t_delta_lm, t_freq_ii, t_freq_lm)}
 TABLES.update(ii_target=lambda: t_ii("target", ["94.82 ± 2.91%", "11.16 ± 2.45%", ""]),
               ii_all=lambda: t_ii("all"),
               lm_ppl=lambda: extrapolation_tables(EXTRA, LM_GROUPS)[2],
