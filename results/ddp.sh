@@ -39,14 +39,10 @@ IFS=, read -ra GPU <<< "${GPUS:-0,1}"
 [ ${#GPU[@]} -ge 2 ] || { echo "needs 2 GPUs, found: ${GPUS:-none}"; exit 1; }
 ONE="env CUDA_VISIBLE_DEVICES=${GPU[0]} python"
 TWO="env CUDA_VISIBLE_DEVICES=${GPU[0]},${GPU[1]} torchrun --standalone --nproc_per_node=2"
-export PYTHONUNBUFFERED=1
-trap 'echo "stopped: a command failed (exit $?); see the logs in $OUT" >&2' ERR
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1  # NVLink multicast off, as measured
-mkdir -p $OUT
-{ date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
-  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__,
-             'nccl', '.'.join(map(str, torch.cuda.nccl.version())))"
-  nvidia-smi topo -m; } > $OUT/env.txt 2>&1
+source results/setup.sh  # logging, the provenance file $OUT/env.txt
+{ python -c "import torch; print('nccl', '.'.join(map(str, torch.cuda.nccl.version())))"
+  nvidia-smi topo -m; } >> $OUT/env.txt 2>&1
 
 if [ ! -f data/$DATASET/meta.json ]; then
     [ $DATASET = owt ] || { echo "no data/$DATASET"; exit 1; }

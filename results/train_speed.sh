@@ -31,11 +31,8 @@ DATASET=${DATASET:-openwebtext}
 SHARED=${SHARED:-../shared/data}
 EXTRA=${EXTRA:-}
 OUT=results/train_speed
-export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-trap 'echo "stopped: a command failed (exit $?); see the logs in $OUT" >&2' ERR
-mkdir -p $OUT
-{ date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader 2>/dev/null || true
-  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > $OUT/env.txt
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+source results/setup.sh  # logging, the provenance file $OUT/env.txt
 : > $OUT/summary.md
 
 if [[ $PART == *124m* ]]; then

@@ -4,8 +4,8 @@ set of H200 runs: `bench.py kernel` (graph, eager, peak memory per path and shap
 step), `bench.py host` (host time per eager call) and `bench.py check` (bitwise-deterministic gradients). Ratios
 are computed here from the printed numbers; nothing is measured.
 
-Usage:
-    python results/kernel/targets.py > results/kernel/targets.md
+Usage (RESULTS.md's targets table: python results/summarize.py --write runs the second line):
+    python results/kernel/targets.py
     python results/kernel/targets.py --before results/kernel/bench-kernel-swept.txt   # also: graph ms before
 """
 import argparse
