@@ -20,8 +20,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from configurator import checkpoint_model_args  # noqa: E402
-from model import pope_delta  # noqa: E402
+from model import pope_delta, read_checkpoint  # noqa: E402
 
 
 def main():
@@ -30,8 +29,8 @@ def main():
     args = ap.parse_args()
     rows = []  # every checkpoint checked before the table starts: an error is its own line
     for path in args.ckpts:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        bound = checkpoint_model_args(ckpt)["pope_delta_bound"]
+        ckpt = read_checkpoint(path)
+        bound = ckpt["model_args"]["pope_delta_bound"]
         raw = [v.double() for k, v in ckpt["model"].items() if k.endswith("attn.delta")]
         if not raw:
             sys.exit(f"error: {path} has no PoPE delta (pos_emb={ckpt['model_args'].get('pos_emb')!r}); "
