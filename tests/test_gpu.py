@@ -1,0 +1,144 @@
+"""The PoPE kernels on a CUDA GPU (skipped without one): the training kernel's output and four gradients
+against a float64 reference written from the formula, with its first configs and autotuned, every buffer
+starting as NaN; two backward runs bitwise equal; torch.compile's path; the decoding kernel against float64
+at context 8k; greedy decoding on a CUDA graph equal to eager decoding. Every random draw seeded."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import large_weights_, rel_err
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pk = pytest.importorskip("pope_kernel")
+NAMES = ["out", "dq", "dk", "dv", "ddelta"]
+BOUND = {torch.float32: (1e-5, 1e-5), torch.float16: (3e-3, 5e-3), torch.bfloat16: (1e-2, 2e-2)}  # out, grads
+
+
+def pope_f64(q, k, v, delta, theta, causal, q_offset):
+    """softmax_s(sum_c mu_q[t,c] mu_k[s,c] cos((s - t) theta_c + delta_c) / sqrt(D)) v, in float64."""
+    t = (q_offset + torch.arange(q.size(2), device=q.device, dtype=torch.float64))[:, None, None]
+    s = torch.arange(k.size(2), device=q.device, dtype=torch.float64)[None, :, None]
+    cos = torch.cos((s - t) * theta.double() + delta[:, None, None, :])  # (H, Tq, Tk, D)
+    a = torch.einsum("bhtc,bhsc,htsc->bhts", F.softplus(q), F.softplus(k), cos) / math.sqrt(q.size(-1))
+    if causal:
+        a = a.masked_fill(s[..., 0] > t[..., 0], float("-inf"))
+    return torch.softmax(a, -1) @ v
+
+
+def grads(fn, xs, do, *args):
+    xs = [x.detach().clone().requires_grad_(True) for x in xs]
+    out = fn(*xs, *args)
+    return [out.detach()] + list(torch.autograd.grad(out, xs, do.to(out.dtype)))
+
+
+def inputs(B, H, Tq, Tk, D, dtype, seed):
+    g = torch.Generator("cuda").manual_seed(seed)
+    q, do = (torch.randn(B, H, Tq, D, device="cuda", generator=g).to(dtype) for _ in range(2))
+    k, v = (torch.randn(B, H, Tk, D, device="cuda", generator=g).to(dtype) for _ in range(2))
+    delta = torch.rand(H, D, device="cuda", generator=g) * -7.0 + 0.5  # any phase bias, as given
+    return [q, k, v, delta], do
+
+
+@pytest.mark.parametrize("B,H,Tq,Tk,D,dtype,causal,off,tuned", [
+    (2, 3, 300, 300, 64, torch.bfloat16, True, 0, False),
+    (2, 3, 300, 300, 64, torch.bfloat16, True, 0, True),
+    (2, 3, 300, 300, 64, torch.float16, True, 0, False),
+    (2, 3, 300, 300, 64, torch.float32, True, 0, False),
+    (1, 2, 257, 257, 32, torch.bfloat16, True, 0, False),
+    (1, 2, 257, 257, 128, torch.bfloat16, True, 0, True),
+    (2, 2, 200, 333, 64, torch.bfloat16, False, 0, False),
+    (2, 2, 100, 357, 64, torch.bfloat16, True, 257, False),
+    (2, 2, 1, 1000, 64, torch.bfloat16, True, 999, False),
+    (2, 2, 1, 1000, 128, torch.bfloat16, True, 999, False),
+])
+def test_kernel_against_float64_and_bitwise_deterministic(B, H, Tq, Tk, D, dtype, causal, off, tuned,
+                                                           monkeypatch):
+    """Output and gradients against float64 (first configs, or autotuned), outputs that start as NaN, and a
+    second run bitwise equal to the first."""
+    real_empty = pk._empty
+    monkeypatch.setattr(pk, "_empty", lambda *a, **kw: real_empty(*a, **kw).fill_(float("nan")))
+    monkeypatch.setattr(pk, "_AUTOTUNE", tuned)
+    xs, do = inputs(B, H, Tq, Tk, D, dtype, seed=Tq * Tk + D)
+    from model import pope_frequencies
+    theta = pope_frequencies(D, device="cuda")
+    def kernel(q, k, v, d):
+        return pk.pope_attention(q, k, v, d, theta, causal=causal, q_offset=off)
+    got, again = grads(kernel, xs, do), grads(kernel, xs, do)
+    ref = grads(pope_f64, [x.double() for x in xs], do.double(), theta, causal, off)
+    what = f"B={B} H={H} Tq={Tq} Tk={Tk} D={D} {dtype} causal={causal} off={off} tuned={tuned}"
+    for i, (name, a, b, c) in enumerate(zip(NAMES, got, ref, again)):
+        assert rel_err(a, b) < BOUND[dtype][i > 0], f"{what}: {name} rel err {rel_err(a, b):.1e} (or NaN)"
+        assert torch.equal(a, c), f"{what}: {name} differs between two runs"
+
+
+def test_compiled_equals_eager():
+    """torch.compile (inductor, fullgraph) of a function that calls the kernel: one opaque op, the same
+    numbers as eagerly, output and gradients."""
+    from model import pope_frequencies
+    xs, do = inputs(2, 4, 500, 500, 64, torch.bfloat16, seed=1)
+    theta = pope_frequencies(64, device="cuda")
+    f = lambda q, k, v, d: pk.pope_attention(q, k, v, d, theta)  # noqa: E731
+    for name, a, b in zip(NAMES, grads(torch.compile(f, fullgraph=True), xs, do), grads(f, xs, do)):
+        assert torch.equal(a, b), f"seed=1: {name} differs compiled, rel err {rel_err(a, b):.1e}"
+
+
+def softplus_f64(x):
+    return F.softplus(x.double())
+
+
+@pytest.mark.parametrize("mode,B,Dk", [("ready", 1, 128), ("ready", 8, 64), ("pope", 8, 64), ("rope", 1, 64)])
+def test_decoding_kernel_against_float64_at_8k(mode, B, Dk):
+    """decode_attention at the 124M model's shapes (12 heads, D = 64), context 8192, bf16, at slot 0, in a
+    first chunk, in the middle and at the last slot: ready keys, PoPE over its magnitudes, RoPE turned in the
+    kernel; slot pos then holds the new key. Then 1000 calls at the last slot give bitwise one output (the
+    last chunk to finish merges the others: a race would show) and leave the chunks' count at zero."""
+    from model import pope_frequencies
+    H, N, D = 12, 8192, 64
+    g = torch.Generator("cuda").manual_seed(Dk + B)
+    th = pope_frequencies(D, device="cuda")
+    delta = -2 * math.pi * torch.rand(H, D, device="cuda", generator=g)
+    turn = {"ready": {}, "pope": dict(theta=th, delta=delta), "rope": dict(inv_freq=th[::2].contiguous())}
+    turn = turn[mode]
+    kc = torch.randn(B, H, N, Dk, device="cuda", generator=g)
+    kc = (softplus_f64(2 * kc) if mode == "pope" else kc).bfloat16()
+    vc = torch.randn(B, H, N, D, device="cuda", generator=g).bfloat16()
+    counts = torch.zeros(B * H, dtype=torch.int32, device="cuda")
+    for pos in (0, 100, 5000, 8191):
+        q, k = (torch.randn(B, H, 1, Dk, device="cuda", generator=g).bfloat16() for _ in range(2))
+        v = torch.randn(B, H, 1, D, device="cuda", generator=g).bfloat16()
+        new_k, qt = k.double(), q.double()
+        if mode == "rope":
+            ang = (pos * turn["inv_freq"].double()).float().double().repeat(2)
+            new_k, qt = (x * ang.cos() + torch.cat([-x[..., D // 2:], x[..., :D // 2]], -1) * ang.sin()
+                         for x in (new_k, qt))
+        keys = torch.cat([kc[:, :, :pos].double(), new_k], 2)
+        a = (keys @ qt.mT)[..., 0]
+        if mode == "pope":
+            keys = torch.cat([kc[:, :, :pos].double(), softplus_f64(k)], 2)
+            phase = torch.arange(-pos, 1, device="cuda").double()[:, None] * th.double() + delta[:, None]
+            a = (softplus_f64(q) * keys * torch.cos(phase)).sum(-1)
+        ref = torch.softmax(0.125 * a, -1)[:, :, None] @ torch.cat([vc[:, :, :pos], v], 2).double()
+        at = torch.tensor([pos], device="cuda")
+        out = pk.decode_attention(q, k, v, kc, vc, at, 0.125, counts=counts, **turn)
+        assert rel_err(out, ref) < 1e-2, f"{mode} B={B} Dk={Dk} pos={pos}: rel err {rel_err(out, ref):.1e}"
+        assert rel_err(kc[:, :, pos:pos + 1], keys[:, :, -1:]) < 1e-2, f"{mode} pos={pos}: slot pos's key"
+        assert torch.equal(vc[:, :, pos], v[:, :, 0]), f"{mode} pos={pos}: slot pos's value"
+    outs = [pk.decode_attention(q, k, v, kc, vc, at, 0.125, counts=counts, **turn) for _ in range(1000)]
+    assert sum(not torch.equal(o, outs[0]) for o in outs) == 0 and not counts.any()
+
+
+@pytest.mark.parametrize("pos_emb", ["pope", "rope"])
+def test_graphed_decoding_equals_eager(pos_emb):
+    """Greedy decoding replayed as a CUDA graph gives eager decoding's tokens, under bf16 autocast, past
+    block_size and past the context (each token from the last `context` tokens)."""
+    from model import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(pos_emb=pos_emb, block_size=128, n_layer=4, n_head=4, n_embd=256, vocab_size=512,
+                          pope_delta_init="uniform")).cuda().eval()
+    large_weights_(model)
+    prompt = torch.randint(0, 500, (4, 100), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    with torch.autocast("cuda", torch.bfloat16):
+        runs = [model.generate(prompt, 220, temperature=0.0, vocab_size=500, context=256, mode=mode)
+                for mode in ("eager", "graph")]
+    assert torch.equal(runs[0], runs[1]) and runs[0][:, 100:].unique().numel() >= 5, runs
