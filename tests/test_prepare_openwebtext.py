@@ -1,22 +1,20 @@
-"""prepare/openwebtext.py on the real OWT sample and English corpora
-(../shared/data/text): counts, the split rule, EOT placement, exact decode,
-worker-count independence, idempotency, bad input, offline failure."""
-import importlib.util
+"""prepare/openwebtext.py on the real OWT sample and English corpora ($POPE_SHARED_DATA/text):
+counts, the split rule, EOT placement, exact decode, worker-count independence, bad input, and
+the Hub's parquet route with a stub in place of the download."""
 import json
 import math
-import os
-import subprocess
 import sys
-from pathlib import Path
+import types
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from prepare import common
+from prepare import openwebtext as owt
 
-from prepare import common  # noqa: E402
-from prepare import openwebtext as owt  # noqa: E402
+
+def read_bin(d, split):
+    return np.fromfile(d / f"{split}.bin", dtype=np.uint16)
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +57,11 @@ def test_owt_sample_counts_and_exact_decode(prepared, docs, text_dir):
     assert not (out / "test.bin").exists() and not (out / "train_mask.bin").exists()
     enc = owt.get_encoding()
     val_doc = int(np.random.default_rng(2357).permutation(1000)[0])
-    val = np.asarray(common.read_bin(out, "val"))
+    val = np.asarray(read_bin(out, "val"))
     assert val[-1] == 50256 and (val[:-1] != 50256).all()
     assert enc.decode(val[:-1].tolist()) == docs[val_doc]
     assert owt.decode(val[:-1], meta) == docs[val_doc]
-    train = np.asarray(common.read_bin(out, "train"))
+    train = np.asarray(read_bin(out, "train"))
     ends = np.flatnonzero(train == 50256)
     assert len(ends) == 999 and ends[-1] == len(train) - 1
     # train documents in input order, each exactly its text, then EOT
@@ -113,7 +111,7 @@ def test_txt_input(text_dir, tmp_path):
     assert meta["prepare"] == (f"python prepare/openwebtext.py --input {common.repo_path(d)} --txt_doc_sep '' "
                                f"--out_dir {common.repo_path(tmp_path / 'j')}")
     assert meta["documents"] == {"train": 2, "val": 1}
-    ids = np.concatenate([common.read_bin(tmp_path / "j", s) for s in ("train", "val")])
+    ids = np.concatenate([read_bin(tmp_path / "j", s) for s in ("train", "val")])
     assert sorted(owt.decode(ids).split("<|endoftext|>")[:-1]) == sorted([text[:5000], text[9000:9500], text[5000:9000]])
 
 
@@ -129,7 +127,7 @@ def test_several_inputs_and_held_out_val(text_dir, tmp_path):
     rp = lambda name: common.repo_path(eng / name)  # noqa: E731
     assert meta["prepare"] == (f"python prepare/openwebtext.py --input {rp('inaugural.txt')} {rp('webtext.txt')} "
                                f"--val_input {rp('state_union.txt')} --out_dir {common.repo_path(out)}")
-    assert meta["tokens"] == {"train": len(common.read_bin(out, "train")), "val": len(common.read_bin(out, "val"))}
+    assert meta["tokens"] == {"train": len(read_bin(out, "train")), "val": len(read_bin(out, "val"))}
 
     def docs(name):
         return (eng / name).read_text(encoding="utf-8").rstrip("\n").split("\n\n\n")
@@ -139,41 +137,63 @@ def test_several_inputs_and_held_out_val(text_dir, tmp_path):
         return np.concatenate([np.array(enc.encode_ordinary(t) + [owt.EOT]) for t in texts])
 
     # every --input document in train, in input order; every --val_input document in val
-    assert np.array_equal(common.read_bin(out, "train"), stream(docs("inaugural.txt") + docs("webtext.txt")))
-    assert np.array_equal(common.read_bin(out, "val"), stream(docs("state_union.txt")))
+    assert np.array_equal(read_bin(out, "train"), stream(docs("inaugural.txt") + docs("webtext.txt")))
+    assert np.array_equal(read_bin(out, "val"), stream(docs("state_union.txt")))
     with pytest.raises(common.PrepareError, match="--val_input"):
         (tmp_path / "empty.txt").write_text("")
         owt.main(["--input", str(eng / "inaugural.txt"), "--val_input", str(tmp_path / "empty.txt"),
                   "--out_dir", str(tmp_path / "e")])
 
 
-def test_bad_input(tmp_path):
-    (tmp_path / "empty.jsonl").write_text("")
-    with pytest.raises(common.PrepareError, match="no documents"):
-        owt.main(["--input", str(tmp_path / "empty.jsonl"), "--out_dir", str(tmp_path / "o")])
-    (tmp_path / "one.jsonl").write_text(json.dumps({"text": "only one document"}) + "\n")
-    with pytest.raises(common.PrepareError, match="at least 2 documents"):
-        owt.main(["--input", str(tmp_path / "one.jsonl"), "--out_dir", str(tmp_path / "o")])
-    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": broken\n')
-    with pytest.raises(common.PrepareError, match=r"bad.jsonl:2: not a JSON line"):
-        owt.main(["--input", str(tmp_path / "bad.jsonl"), "--out_dir", str(tmp_path / "o")])
-    (tmp_path / "field.jsonl").write_text('{"body": "x"}\n{"body": "y"}\n')
-    with pytest.raises(common.PrepareError, match="no 'text' field"):
-        owt.main(["--input", str(tmp_path / "field.jsonl"), "--out_dir", str(tmp_path / "o")])
-    (tmp_path / "d").mkdir()
-    with pytest.raises(common.PrepareError, match="no .jsonl/.json/.txt file"):
-        owt.main(["--input", str(tmp_path / "d"), "--out_dir", str(tmp_path / "o")])
-    assert not (tmp_path / "o").exists()
+def stub_datasets(monkeypatch, load_dataset):
+    """datasets replaced by load_dataset; the HF offline switches hf_documents may set are put back after."""
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(name, "0")
 
 
-def test_without_input_fails_fast_naming_what_to_do(tmp_path):
-    """Offline (CI, with or without the datasets package): a one-line error that names
-    the dataset and --input, at once (a hang on the network fails the timeout)."""
-    r = subprocess.run([sys.executable, str(REPO / "prepare" / "openwebtext.py"), "--out_dir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=60, env=dict(os.environ, HF_HOME=str(tmp_path / "hf")))
-    assert r.returncode == 2, r.stderr[-500:]
-    assert "--input" in r.stderr and "Skylion007/openwebtext" in r.stderr and "Traceback" not in r.stderr
-    assert not list(tmp_path.glob("*.bin")) and not (tmp_path / "meta.json").exists()
-    if importlib.util.find_spec("datasets") is None:
-        assert "pip install datasets" in r.stderr
-    assert not any(tmp_path.iterdir())
+@pytest.mark.parametrize("files, named", [
+    ({"empty.jsonl": ""}, "empty.jsonl"),
+    ({"one.jsonl": '{"text": "only one document"}\n'}, "2 documents"),
+    ({"bad.jsonl": '{"text": "fine"}\n{"text": broken\n'}, "bad.jsonl:2"),
+    ({"field.jsonl": '{"body": "x"}\n{"body": "y"}\n'}, "'text'"),
+    ({"d/x.csv": "a,b\n"}, "d"),
+])
+def test_bad_input_is_refused_and_writes_nothing(tmp_path, files, named):
+    for name, text in files.items():
+        (tmp_path / "in" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "in" / name).write_text(text)
+    first = tmp_path / "in" / next(iter(files)).split("/")[0]
+    with pytest.raises(common.PrepareError, match=named):
+        owt.main(["--input", str(first), "--out_dir", str(tmp_path / "o"), "--num_proc", "1"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+def test_without_input_the_hubs_parquet_conversion_is_loaded(tmp_path, monkeypatch):
+    """datasets 4 refuses the dataset's loading script: the parquet files of refs/convert/parquet are
+    loaded instead (here a stub in place of the download: no network in tests)."""
+    docs = ["The first web page.", "A second one, longer than the first.", "A third."]
+    calls = []
+
+    def load_dataset(path, revision=None, split=None):
+        calls.append((path, revision, split))
+        return [{"text": t} for t in docs]
+    stub_datasets(monkeypatch, load_dataset)
+    counts = owt.main(["--out_dir", str(tmp_path / "o"), "--num_proc", "1"])
+    assert calls == [("Skylion007/openwebtext", "refs/convert/parquet", "train")]
+    enc, val = owt.get_encoding(), owt.val_documents(3)
+    want = {s: [i for t, v in zip(docs, val) if v == (s == "val") for i in enc.encode_ordinary(t) + [owt.EOT]]
+            for s in ("train", "val")}
+    assert {s: read_bin(tmp_path / "o", s).tolist() for s in want} == want
+    assert counts == {s: len(w) for s, w in want.items()}
+    assert common.load_meta(tmp_path / "o")["prepare"] == \
+        f"python prepare/openwebtext.py --out_dir {common.repo_path(tmp_path / 'o')}"
+
+
+def test_without_input_offline_is_one_line_naming_input(tmp_path, monkeypatch):
+    def load_dataset(*a, **k):
+        raise ConnectionError("no network")
+    stub_datasets(monkeypatch, load_dataset)
+    with pytest.raises(common.PrepareError, match="--input"):
+        owt.main(["--out_dir", str(tmp_path / "o"), "--num_proc", "1"])
+    assert list(tmp_path.iterdir()) == []
