@@ -183,7 +183,8 @@ def unlock_folder(folder, path=None):
     fd, pid = _LOCKS.get(path, (None, None))
     if pid == os.getpid():
         del _LOCKS[path]
-        os.remove(path)  # (ours while we hold the lock)
+        if os.path.exists(path):  # (ours while we hold the lock)
+            os.remove(path)
         os.close(fd)
 
 
@@ -354,8 +355,10 @@ def _check(d, splits, scan=True):
         fail(mp, f"holds a JSON {type(meta).__name__}, not an object")
     V, dtype = meta.get("vocab_size"), np.dtype(meta.setdefault("dtype", "uint16"))
     row_len, tokens = meta.get("row_len"), meta.get("tokens") or {}
-    if type(V) is not int or dtype.kind != "u" or V - 1 > np.iinfo(dtype).max:
-        fail(mp, f"vocab_size {V!r} is not an integer or dtype {dtype.name} cannot hold its token ids")
+    if type(V) is not int or V < 1:
+        fail(mp, f"vocab_size is {V!r}, expected an integer >= 1")
+    if dtype.kind != "u" or V - 1 > np.iinfo(dtype).max:
+        fail(mp, f"dtype is {dtype.name!r}, expected an unsigned integer type that holds the ids 0..{V - 1}")
     for split in splits:
         path, mpath = d / f"{split}.bin", d / f"{split}_mask.bin"
         if not path.is_file():
@@ -366,7 +369,8 @@ def _check(d, splits, scan=True):
             fail(path, "empty (0 tokens)" if size == 0 else
                  f"{size:,} bytes, not a multiple of {dtype.itemsize} (the size of a {dtype.name} token)")
         if split in tokens and n != tokens[split]:
-            fail(path, f"holds {n:,} tokens but meta.json records {tokens[split]!r}")
+            fail(path, f"holds {n:,} tokens but meta.json records {tokens[split]!r} (files from different "
+                 "runs?)")
         if row_len and n % row_len:
             fail(path, f"holds {n:,} tokens, not a multiple of row_len {row_len}")
         if mpath.exists() and mpath.stat().st_size != n:
@@ -548,7 +552,8 @@ def read_tokens(path, meta, need, ckpt="the checkpoint", docs=None, chunk_chars=
     if kind == ".bin":
         folder = Path(os.path.abspath(path)).parent
         if not (folder / "meta.json").is_file():
-            raise PrepareError(f"{path}: no meta.json beside it; prepare/ writes each X.bin with one")
+            raise PrepareError(f"{path}: no meta.json beside it ({folder / 'meta.json'}); prepare/ writes "
+                               "each X.bin with a meta.json")
         data_meta = _check(folder, (os.path.basename(path)[:-4],), scan=False)
         a, b = vocab_key(data_meta), vocab_key(meta)
         if a and b and a != b:

@@ -17,7 +17,8 @@ from prepare import indirect_indexing as ii
 
 REPO = Path(__file__).resolve().parent.parent
 OLD = ["--quick", "--n_train", "300", "--n_val", "50", "--n_test", "50"]
-NEW = ["--quick", "--n_train", "200", "--n_val", "40", "--n_test", "40", "--max_len", "20", "--max_shift", "5"]
+NEW = ["--quick", "--n_train", "200", "--n_val", "40", "--n_test", "40", "--max_len", "20",
+       "--max_shift", "5"]
 FILES = ["meta.json", "test.bin", "test_mask.bin", "train.bin", "train_mask.bin", "val.bin", "val_mask.bin"]
 
 
@@ -110,7 +111,8 @@ def test_a_kill_leaves_a_complete_set_and_the_next_run_cleans_up(old_set, point,
 
 def test_a_second_run_on_the_same_out_dir_is_refused(old_set):
     out, old = old_set
-    first = subprocess.Popen(killer("pause", out, NEW), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(killer("pause", out, NEW), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
     try:
         assert first.stdout.readline() == "paused\n", first.stderr.read()
         with pytest.raises(common.PrepareError, match=str(out) + ".lock"):
@@ -150,8 +152,8 @@ def test_the_recorded_command_rebuilds_the_set(tmp_path, monkeypatch):
     out = tmp_path / "ii"
     new = build(out, NEW)
     meta = json.loads(new["meta.json"])
-    assert meta["prepare"] == ("python prepare/indirect_indexing.py --quick --n_train 200 --n_val 40 --n_test 40 "
-                               f"--max_len 20 --max_shift 5 --out_dir {common.repo_path(out)}")
+    assert meta["prepare"] == ("python prepare/indirect_indexing.py --quick --n_train 200 --n_val 40 "
+                               f"--n_test 40 --max_len 20 --max_shift 5 --out_dir {common.repo_path(out)}")
     argv = shlex.split(meta["prepare"])
     subprocess.run([sys.executable] + argv[1:], cwd=REPO, check=True, capture_output=True, timeout=120)
     assert snapshot(out) == new
@@ -161,7 +163,8 @@ def test_the_recorded_command_rebuilds_the_set(tmp_path, monkeypatch):
         "python prepare/indirect_indexing.py --quick"
     assert cmd(["--seed", "7", "--out_dir", "../data/my ii"]) == \
         "python prepare/indirect_indexing.py --seed 7 --out_dir 'data/my ii'"
-    assert common.repo_path(REPO.parent / "shared" / "data") == "../shared/data" and common.repo_path("/") == "/"
+    assert common.repo_path(REPO.parent / "shared" / "data") == "../shared/data"
+    assert common.repo_path("/") == "/"
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +199,8 @@ FAULTS = {  # name: (how the copy is damaged, the file named, whether meta.json 
                       "train.bin", True),
     "mask length differs": (lambda d: open(d / "val_mask.bin", "ab").write(b"\0"), "val_mask.bin", True),
     "token id >= vocab_size": (lambda d: set_token(d, "val", 431, 67), "val.bin", True),
-    "mask all zeros": (lambda d: np.zeros(920, np.uint8).tofile(d / "train_mask.bin"), "train_mask.bin", True),
+    "mask all zeros": (lambda d: np.zeros(920, np.uint8).tofile(d / "train_mask.bin"), "train_mask.bin",
+                       True),
 }
 
 
@@ -214,7 +218,8 @@ def test_check_dataset_names_the_file_and_the_rebuild_command(good, tmp_path, fa
     msg = str(e.value)
     cmd = json.loads((good / "meta.json").read_text())["prepare"] if readable else \
         f"python prepare/indirect_indexing.py --quick --out_dir {common.repo_path(d)}"
-    assert "\n" not in msg and msg.startswith(f"{d / name}: ") and msg.endswith(f"rebuild it with: {cmd}"), msg
+    assert "\n" not in msg and msg.startswith(f"{d / name}: ") and msg.endswith(f"rebuild it with: {cmd}"), \
+        msg
 
 
 def test_check_dataset_of_a_missing_folder_names_its_script(tmp_path):

@@ -3,7 +3,6 @@ it written in the test: vocabulary, a reference tokenizer, N handling,
 held-out regions and chromosomes, round trip, idempotency, bad input."""
 import gzip
 import re
-import shlex
 from pathlib import Path
 
 import numpy as np
@@ -83,7 +82,7 @@ def test_encode_decode_round_trip():
     assert genome.decode(genome.encode("ACGTACGTNNNNacgtRAC")) == "ACGTACGT\nACGT\nAC\n"
 
 
-def test_regions_on_slices_match_reference(tmp_path, records, monkeypatch):
+def test_regions_on_slices_match_reference(tmp_path, records):
     write_fasta(tmp_path / "s.fa.gz", records)
     counts = genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "o")])
     meta = common.load_meta(tmp_path / "o")
@@ -109,17 +108,11 @@ def test_regions_on_slices_match_reference(tmp_path, records, monkeypatch):
     assert meta["dropped_bases"] == 431 + 3_908 + 1
     assert meta["vocab_size"] == 4107 and meta["format"] == "genome" and meta["itos"] == genome.ITOS
     assert meta["tokens"] == counts and common.check_dataset(tmp_path / "o", common.SPLITS) == meta
-    assert meta["prepare"] == (f"python prepare/genome.py --input {common.repo_path(tmp_path / 's.fa.gz')} "
-                               f"--out_dir {common.repo_path(tmp_path / 'o')}")
-    # plain FASTA gives the same files; a re-run (the recorded command) gives byte-identical files
-    write_fasta(tmp_path / "s.fa", records)
+    write_fasta(tmp_path / "s.fa", records)  # plain FASTA: the same files
     genome.main(["--input", str(tmp_path / "s.fa"), "--out_dir", str(tmp_path / "plain")])
     for split in common.SPLITS:
-        assert (tmp_path / "o" / f"{split}.bin").read_bytes() == (tmp_path / "plain" / f"{split}.bin").read_bytes()
-    before = {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir()}
-    monkeypatch.chdir(common.REPO_ROOT)  # (the command's relative paths are the repo root's, as a user runs it)
-    genome.main(shlex.split(meta["prepare"])[2:])
-    assert {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir()} == before
+        assert (tmp_path / "o" / f"{split}.bin").read_bytes() == \
+            (tmp_path / "plain" / f"{split}.bin").read_bytes()
 
 
 def test_held_out_chromosomes_and_decode(tmp_path, records):
@@ -135,8 +128,6 @@ def test_held_out_chromosomes_and_decode(tmp_path, records):
     assert test == [records[2][1][:5000], records[2][1][5001:]]
     meta = common.load_meta(tmp_path / "o")
     assert meta["holdout_regions"] == {} and meta["tokens"] == counts
-    assert meta["prepare"] == (f"python prepare/genome.py --input {common.repo_path(tmp_path / 's.fa.gz')} "
-                               f"--val_chroms 2 --test_chroms chr3 --out_dir {common.repo_path(tmp_path / 'o')}")
     for option in (["--val_chroms", "9"], ["--chroms", "chr2,9"]):  # the chromosome that is not in the file
         with pytest.raises(common.PrepareError, match=r"\['9'\]"):
             genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "p"), *option])
@@ -148,9 +139,8 @@ def test_full_chr20(tmp_path, chr20_path, chr20):
     assert counts == {"train": 9_717_526, "val": 105_046, "test": 95_046}
     meta = common.load_meta(tmp_path)
     assert meta["tokens"] == counts and common.check_dataset(tmp_path, common.SPLITS) == meta
-    assert meta["prepare"] == (f"python prepare/genome.py --input {common.repo_path(chr20_path)} "
-                               f"--out_dir {common.repo_path(tmp_path)}")
-    assert meta["holdout_regions"] == {"20": {"val": [61_765_010, 62_395_265], "test": [62_395_265, 63_025_520]}}
+    assert meta["holdout_regions"] == {"20": {"val": [61_765_010, 62_395_265],
+                                              "test": [62_395_265, 63_025_520]}}
     assert meta["dropped_bases"] == 3_520_000  # exactly the N bases
     stats = meta["split_stats"]
     assert sum(s["bases"] for s in stats.values()) == 59_505_520

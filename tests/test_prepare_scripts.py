@@ -22,9 +22,11 @@ def test_every_script_runs_with_help_from_anywhere(name):
 def test_import_is_light_and_modules_decode():
     code = ("import sys, prepare.openwebtext, prepare.indirect_indexing, prepare.jsb, prepare.maestro, "
             "prepare.genome\n"
-            "print([m for m in ('tiktoken', 'miditok', 'symusic', 'datasets', 'torch') if m in sys.modules])\n"
+            "print([m for m in ('tiktoken', 'miditok', 'symusic', 'datasets', 'torch')\n"
+            "       if m in sys.modules])\n"
             f"assert all(callable(sys.modules['prepare.' + n].decode) for n in {SCRIPTS!r})\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=str(REPO))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=str(REPO))
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
     assert common.prepare_scripts() == sorted(SCRIPTS)
 
@@ -40,8 +42,8 @@ def test_import_is_light_and_modules_decode():
 ])
 def test_a_daily_mistake_is_one_line_exit_2_and_writes_nothing(tmp_path, argv, named):
     argv = [a.format(tmp=tmp_path) for a in argv]
-    r = subprocess.run([sys.executable, str(REPO / "prepare" / argv[0]), *argv[1:], "--out_dir", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, str(REPO / "prepare" / argv[0]), *argv[1:],
+                        "--out_dir", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and err and err[-1].startswith("error: ") and named in err[-1], r.stderr
     assert "Traceback" not in r.stderr and list(tmp_path.iterdir()) == []

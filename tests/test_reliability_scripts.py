@@ -269,11 +269,13 @@ def test_a_prepare_run_that_cannot_write_leaves_the_old_set(tmp_path, capsys, mo
     assert snapshot(out) == old and os.listdir(out.parent) == ["ii"]
 
 
-def test_openwebtext_refuses_a_read_only_folder_before_reading_the_input(tmp_path, capsys, monkeypatch, readonly):
+def test_openwebtext_refuses_a_read_only_folder_before_reading_the_input(tmp_path, capsys, monkeypatch,
+                                                                      readonly):
     (tmp_path / "in.txt").write_text("one document\n\n\nanother\n", encoding="utf-8")
-    monkeypatch.setattr(owt, "count_documents", lambda *a: pytest.fail("read the input before checking out_dir"))
+    monkeypatch.setattr(owt, "count_documents", lambda *a: pytest.fail("read the input first"))
     (tmp_path / "ro").mkdir()
     readonly(tmp_path / "ro")
-    run_main(owt.main, ["--input", str(tmp_path / "in.txt"), "--out_dir", str(tmp_path / "ro" / "owt")], capsys)
+    run_main(owt.main, ["--input", str(tmp_path / "in.txt"), "--out_dir", str(tmp_path / "ro" / "owt")],
+             capsys)
     monkeypatch.undo()
     assert list((tmp_path / "ro").iterdir()) == []
