@@ -329,17 +329,13 @@ def _rebuild_hint(d, meta):
 CHECK_CHUNK = 1 << 26  # tokens read at a time by the scans (memory stays small)
 
 
-def check_dataset(data_dir, splits=("train", "val")):
+def check_dataset(data_dir, splits=("train", "val"), scan=True):
     """The dataset's meta.json as a dict, once what training relies on holds: an integer vocab_size and an
     unsigned dtype that holds its ids (none means uint16); for each split a {split}.bin of whole tokens,
-    not empty, meta["tokens"][split] of them when recorded, whole rows of row_len, every id < vocab_size,
-    and a {split}_mask.bin, if any, as long and scoring some token. Else a one-line PrepareError naming
-    the file and the command that rebuilds the dataset."""
-    return _check(data_dir, tuple(splits))
-
-
-def _check(d, splits, scan=True):
-    d, meta = Path(os.path.abspath(d)), None
+    not empty, meta["tokens"][split] of them when recorded, whole rows of row_len, a {split}_mask.bin (if
+    any) as long; with scan, every id < vocab_size and some token scored. Else a one-line PrepareError
+    naming the file and the command that rebuilds the dataset."""
+    d, meta = Path(os.path.abspath(data_dir)), None
     mp = d / "meta.json"
 
     def fail(path, what):
@@ -554,7 +550,7 @@ def read_tokens(path, meta, need, ckpt="the checkpoint", docs=None, chunk_chars=
         if not (folder / "meta.json").is_file():
             raise PrepareError(f"{path}: no meta.json beside it ({folder / 'meta.json'}); prepare/ writes "
                                "each X.bin with a meta.json")
-        data_meta = _check(folder, (os.path.basename(path)[:-4],), scan=False)
+        data_meta = check_dataset(folder, (os.path.basename(path)[:-4],), scan=False)
         a, b = vocab_key(data_meta), vocab_key(meta)
         if a and b and a != b:
             name = lambda k: "gpt2" if k == "gpt2" else "characters"  # noqa: E731
