@@ -167,11 +167,15 @@ def lock_folder(folder, hint, path=None):
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            pid = os.pread(fd, 16, 0).decode(errors="replace").strip() or "?"  # (the PID its holder wrote)
             os.close(fd)
-            raise PrepareError(f"{folder} is in use by another run (it holds {path}); {hint}") from None
+            raise PrepareError(f"{folder} is in use by another run (pid {pid} holds {path}); {hint}") \
+                from None
         except OSError as e:
             raise PrepareError(f"cannot create {path} ({e.strerror}): its folder must be writable") from None
         if os.path.exists(path) and os.path.samestat(os.stat(path), os.fstat(fd)):
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
             _LOCKS[path] = (fd, os.getpid())
             atexit.register(unlock_folder, folder, path)
         else:  # its holder ended and deleted the file we opened: lock the file at path now
@@ -319,7 +323,8 @@ def _rebuild_hint(d, meta):
         return f"rebuild it with: {meta['prepare']}"
     cmd = PREPARE_COMMANDS.get(d.name) or d.name in prepare_scripts() and f"python prepare/{d.name}.py"
     if not cmd:
-        return f"make it with one of: {', '.join(f'python prepare/{s}.py' for s in prepare_scripts())}"
+        return (f"no prepare command is known for a dataset named {d.name!r}; the prepare scripts are "
+                + ", ".join(f"python prepare/{s}.py" for s in prepare_scripts()))
     if d.absolute() != default_out_dir(d.name):
         out = "--out_dir " + shlex.quote(repo_path(d))
         cmd = re.sub(r"--out_dir \S+", lambda _: out, cmd) if "--out_dir" in cmd else f"{cmd} {out}"
@@ -349,12 +354,17 @@ def check_dataset(data_dir, splits=("train", "val"), scan=True):
         fail(mp, f"not valid JSON ({e})")
     if not isinstance(meta, dict):
         fail(mp, f"holds a JSON {type(meta).__name__}, not an object")
-    V, dtype = meta.get("vocab_size"), np.dtype(meta.setdefault("dtype", "uint16"))
+    V, name = meta.get("vocab_size"), meta.setdefault("dtype", "uint16")
     row_len, tokens = meta.get("row_len"), meta.get("tokens") or {}
+    try:
+        dtype = np.dtype(name) if isinstance(name, str) else None
+    except TypeError:
+        dtype = None
     if type(V) is not int or V < 1:
         fail(mp, f"vocab_size is {V!r}, expected an integer >= 1")
-    if dtype.kind != "u" or V - 1 > np.iinfo(dtype).max:
-        fail(mp, f"dtype is {dtype.name!r}, expected an unsigned integer type that holds the ids 0..{V - 1}")
+    if dtype is None or dtype.kind != "u" or V - 1 > np.iinfo(dtype).max:
+        fail(mp, f"dtype is {name!r}, expected an unsigned integer type such as uint16 or uint32 (one that "
+             f"holds the ids 0..{V - 1})")
     for split in splits:
         path, mpath = d / f"{split}.bin", d / f"{split}_mask.bin"
         if not path.is_file():
