@@ -264,12 +264,16 @@ def staged_dataset(out_dir):
     stage, old, lock = (target.with_name(f"{target.name}.{x}") for x in ("tmp", "old", "lock"))
     target.parent.mkdir(parents=True, exist_ok=True)
     lock_folder(target, "wait for it to finish", lock)
+    made = False
     try:
+        for p in (old, stage):
+            _check_target(p)  # (not a folder of a user's that bears the name)
         if old.is_dir() and not os.path.lexists(target):
-            os.rename(old, target)
+            os.rename(old, target)  # (a run killed between the renames)
         for p in (old, stage):
             shutil.rmtree(p, ignore_errors=True)
         stage.mkdir()
+        made = True
         yield stage
         if os.path.lexists(target):
             _check_target(target)  # (again: files may have come while the script ran)
@@ -279,7 +283,8 @@ def staged_dataset(out_dir):
         os.rename(stage, target)
         shutil.rmtree(old, ignore_errors=True)
     finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        if made:
+            shutil.rmtree(stage, ignore_errors=True)
         unlock_folder(target, lock)
 
 

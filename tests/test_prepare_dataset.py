@@ -241,3 +241,12 @@ def test_lock_folder_holds_one_lock_per_folder_and_unlock_deletes_it(tmp_path):
     assert os.path.exists(tmp_path / ".lock") and str(tmp_path / ".lock") in common._LOCKS
     common.unlock_folder(tmp_path)
     assert not os.path.exists(tmp_path / ".lock") and str(tmp_path / ".lock") not in common._LOCKS
+
+
+def test_a_users_folder_named_like_the_staging_folder_is_kept(old_set):
+    out, old = old_set
+    (out.parent / "ii.tmp").mkdir()
+    (out.parent / "ii.tmp" / "thesis.tex").write_text("mine")
+    with pytest.raises(common.PrepareError, match="thesis.tex"):
+        ii.main(NEW + ["--out_dir", str(out)])
+    assert (out.parent / "ii.tmp" / "thesis.tex").read_text() == "mine" and snapshot(out) == old
