@@ -8,7 +8,7 @@ Usage:
 
 Source: the HF dataset "Skylion007/openwebtext" (the one nanoGPT loads as
 "openwebtext"), 8,013,769 documents, read from the Hub's parquet conversion
-(revision refs/convert/parquet: its loading script runs on `datasets` < 4 only).
+(--hf_revision refs/convert/parquet: its loading script runs on `datasets` < 4 only).
 tiktoken downloads its gpt2 files once; offline, point TIKTOKEN_CACHE_DIR at a
 copy. Offline, pass the documents with --input:
   - .jsonl / .json files with one {"text": ...} object per line (--text_field),
@@ -49,7 +49,7 @@ from prepare import common
 
 NAME = "openwebtext"
 HF_ID = "Skylion007/openwebtext"
-HF_REVISION = "refs/convert/parquet"  # the Hub's parquet conversion of it
+HF_DOCS = 8_013_769
 VAL_FRACTION = 0.0005
 SEED = 2357
 EOT = 50256
@@ -138,9 +138,9 @@ def val_documents(n, fraction=VAL_FRACTION, seed=SEED):
     return is_val
 
 
-def hf_documents():
-    """(count, iterator) over the Hub's parquet conversion of HF_ID (its loading script runs on
-    `datasets` < 4 only; the parquet files load on 3 and 4). Offline: a PrepareError at once."""
+def hf_documents(revision):
+    """(count, iterator) over HF_ID at revision, by default the Hub's parquet conversion (the dataset's
+    loading script runs on `datasets` < 4 only; parquet files load on 3 and 4). Offline: a PrepareError."""
     hint = (f"Offline, pass a local copy of {HF_ID} (.jsonl with a 'text' field) or any .txt/.jsonl text "
             "with --input FILE_OR_DIR (e.g. --input $POPE_SHARED_DATA/text/owt_sample.jsonl)")
     datasets = common.require("datasets", "datasets", f"downloading {HF_ID}")
@@ -150,9 +150,12 @@ def hf_documents():
     except OSError:
         os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "1"
     try:
-        ds = datasets.load_dataset(HF_ID, revision=HF_REVISION, split="train")
+        ds = datasets.load_dataset(HF_ID, revision=revision, split="train")
     except Exception as e:  # (no network: ConnectionError, or datasets' own errors)
         raise common.PrepareError(f"could not load {HF_ID} ({type(e).__name__}: {e}). {hint}") from e
+    if len(ds) != HF_DOCS:  # (the Hub converts only the first GBs of some large datasets)
+        common.log(f"warning: {HF_ID}@{revision} holds {len(ds):,} documents, not OpenWebText's {HF_DOCS:,} "
+                   "(a partial conversion?); another --hf_revision, or --input, gives the whole set")
     return len(ds), (row["text"] for row in ds)
 
 
@@ -160,13 +163,15 @@ def hf_documents():
 # main
 
 def build_parser():
-    p = common.script_parser(__doc__, NAME, nargs="+", help="one or more .jsonl/.json/.txt files or folders of them "
-                                                            "(without it: HF " + HF_ID + ")")
+    p = common.script_parser(__doc__, NAME, nargs="+", help=f".jsonl/.json/.txt files or folders of them "
+                             f"(without it: HF {HF_ID})")
     p.add_argument("--val_input", nargs="+", help="files or folders whose documents form val (all of "
                    "--input then goes to train)")
-    p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenizer worker processes")
+    p.add_argument("--hf_revision", default="refs/convert/parquet", help=f"the revision of {HF_ID} read "
+                   "without --input (default: the Hub's parquet conversion)")
+    p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenizer workers")
     p.add_argument("--text_field", default="text", help="JSON field holding the text (default text)")
-    p.add_argument("--txt_doc_sep", default="\n\n\n", help="document separator in .txt files ('' = whole file)")
+    p.add_argument("--txt_doc_sep", default="\n\n\n", help="document separator in .txt files ('' = a file)")
     return p
 
 
@@ -183,8 +188,8 @@ def main(argv=None):
 
     with common.staged_dataset(args.out_dir) as stage:  # (a bad out_dir: refused before reading the input)
         if args.input is None:
-            n_docs, docs = hf_documents()
-            source = f"{HF_ID}@{HF_REVISION}"
+            n_docs, docs = hf_documents(args.hf_revision)
+            source = f"{HF_ID}@{args.hf_revision}"
         else:
             files, n_docs, source = local(args.input)
             if n_docs == 0:
@@ -196,7 +201,7 @@ def main(argv=None):
         else:
             vfiles, n_val, val_source = local(args.val_input)
             if n_val == 0:
-                raise common.PrepareError(f"no documents in --val_input {' '.join(args.val_input)} (empty input)")
+                raise common.PrepareError(f"no documents in --val_input {' '.join(args.val_input)}")
             docs = itertools.chain(docs, iter_documents(vfiles, args.text_field, args.txt_doc_sep))
             is_val = np.concatenate([np.zeros(n_docs, dtype=bool), np.ones(n_val, dtype=bool)])
             n_docs += n_val

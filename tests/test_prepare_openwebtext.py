@@ -119,7 +119,7 @@ def test_bad_input_is_refused_and_writes_nothing(tmp_path, files, named):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
 
 
-def test_without_input_the_hubs_parquet_conversion_is_loaded(tmp_path, monkeypatch):
+def test_without_input_the_hubs_parquet_conversion_is_loaded(tmp_path, monkeypatch, capsys):
     """datasets 4 refuses the dataset's loading script: the parquet files of refs/convert/parquet are
     loaded instead (here a stub in place of the download: no network in tests)."""
     docs = ["The first web page.", "A second one, longer than the first.", "A third."]
@@ -131,6 +131,7 @@ def test_without_input_the_hubs_parquet_conversion_is_loaded(tmp_path, monkeypat
     stub_datasets(monkeypatch, load_dataset)
     counts = owt.main(["--out_dir", str(tmp_path / "o"), "--num_proc", "1"])
     assert calls == [("Skylion007/openwebtext", "refs/convert/parquet", "train")]
+    assert "3 documents" in capsys.readouterr().err  # (not the 8,013,769 of OpenWebText: said, not silent)
     enc, val = owt.get_encoding(), owt.val_documents(3)
     want = {s: [i for t, v in zip(docs, val) if v == (s == "val") for i in enc.encode_ordinary(t) + [owt.EOT]]
             for s in ("train", "val")}
