@@ -4,6 +4,7 @@ meta["prepare"] rebuilds it, check_dataset refuses what training cannot use. Tin
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -206,7 +207,6 @@ FAULTS = {  # name: (how the copy is damaged, the file named, whether meta.json 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_check_dataset_names_the_file_and_the_rebuild_command(good, tmp_path, fault, monkeypatch):
-    import shutil
     d = tmp_path / "indirect_indexing_quick"
     shutil.copytree(good, d)
     assert common.check_dataset(d, common.SPLITS) == json.loads((d / "meta.json").read_text())

@@ -3,8 +3,7 @@ problem and the fix, never a traceback, and leaves what was there: a prompt file
 that is missing, binary or a folder; an infinite temperature; a checkpoint with
 NaN weights, an unknown format or one that needs pickle; a read-only folder and
 a full disk (simulated: the write calls under one folder raise OSError(EROFS),
-or the token writes raise ENOSPC); indirect_indexing arguments that numpy would
-reject only after the work started. Tiny models and datasets: seconds in all."""
+or the token writes raise ENOSPC). Tiny models and datasets: seconds in all."""
 import dataclasses
 import errno
 import os
