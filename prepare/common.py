@@ -584,10 +584,11 @@ def read_tokens(path, meta, need, ckpt="the checkpoint", docs=None, chunk_chars=
         raise PrepareError(f'{ckpt} has no tokenizer in its meta ("tokenizer": "gpt2" or "itos"); give '
                            "token ids as a .bin") from None
     gpt2 = vocab_key(meta) == "gpt2"
-    sep = encode("<|endoftext|>" if gpt2 else "\n\n") if kind != ".txt" and (gpt2 or "\n" in meta["itos"]) \
-        else []
-    docs = {".txt": lambda: _text_chunks(path, chunk_chars), ".jsonl": lambda: _jsonl_docs(path)}.get(
-        kind, lambda: docs)()
+    sep = []
+    if kind != ".txt" and (gpt2 or "\n" in meta["itos"]):  # each document ends as in the training data
+        sep = encode("<|endoftext|>" if gpt2 else "\n\n")
+    if kind in (".txt", ".jsonl"):
+        docs = _text_chunks(path, chunk_chars) if kind == ".txt" else _jsonl_docs(path)
     out, n = [np.zeros(0, dtype=np.int64)], 0
     try:
         for text in docs:
