@@ -235,7 +235,7 @@ def main(argv=None):
         raise common.PrepareError(f"chromosomes in both --val_chroms and --test_chroms: {sorted(val_chroms & test_chroms)}")
     f = args.holdout_frac
 
-    with common.removing_new_folders(out_dir), common.staged_dataset(out_dir) as stage:
+    with common.staged_dataset(out_dir) as stage:
         src = common.input_or_download(args.input, URL, out_dir, f"Download {URL} (or any reference FASTA, plain or "
                                        "gzip) and pass it with --input FILE.")
         stats = {s: {"bases": 0, "contigs": 0} for s in common.SPLITS}

@@ -266,7 +266,7 @@ def main(argv=None):
     if args.max_len < 5:
         raise common.PrepareError("--max_len must be at least 5 (one start token and one step)")
     out_dir = Path(args.out_dir)
-    with common.removing_new_folders(out_dir), common.staged_dataset(out_dir) as stage:
+    with common.staged_dataset(out_dir) as stage:
         src = common.input_or_download(args.input, URL, out_dir, f"Download {URL} and pass it with --input FILE.")
         pieces, src = load_pieces(src, allow_pickle=args.allow_pickle)
 

@@ -261,7 +261,7 @@ def main(argv=None):
     out_dir = Path(args.out_dir)
     tok = make_tokenizer()  # fails fast, naming miditok, when it is missing
     common.require("symusic", "miditok", "reading MIDI (symusic, installed with miditok)")
-    with common.removing_new_folders(out_dir), common.staged_dataset(out_dir) as stage:
+    with common.staged_dataset(out_dir) as stage:
         folder = Path(args.input) if args.input else fetch(out_dir)
         csv_path = find_csv(folder)
         rows = read_rows(csv_path)

@@ -7,7 +7,10 @@ Usage:
     python prepare/openwebtext.py --input A.jsonl B.txt --val_input C.txt --out_dir data/mine
 
 Source: the HF dataset "Skylion007/openwebtext" (the one nanoGPT loads as
-"openwebtext"), 8,013,769 documents. Offline, pass a local copy with --input:
+"openwebtext"), 8,013,769 documents, read from the Hub's parquet conversion
+(--hf_revision refs/convert/parquet: its loading script runs on `datasets` < 4 only).
+tiktoken downloads its gpt2 files once; offline, point TIKTOKEN_CACHE_DIR at a
+copy. Offline, pass the documents with --input:
   - .jsonl / .json files with one {"text": ...} object per line (--text_field),
   - .txt files, cut into documents at --txt_doc_sep (default "\\n\\n\\n",
     two blank lines, the separator of $POPE_SHARED_DATA/text/english; pass ""
@@ -46,6 +49,7 @@ from prepare import common
 
 NAME = "openwebtext"
 HF_ID = "Skylion007/openwebtext"
+HF_DOCS = 8_013_769
 VAL_FRACTION = 0.0005
 SEED = 2357
 EOT = 50256
@@ -134,26 +138,24 @@ def val_documents(n, fraction=VAL_FRACTION, seed=SEED):
     return is_val
 
 
-def hf_documents():
-    """(count, iterator) over the HF dataset; fails fast offline."""
-    import importlib.util
-    hint = (f"Offline: download the OpenWebText documents (HF dataset {HF_ID}) as .jsonl with a 'text' field, "
-            "or use any .txt/.jsonl text, and pass it with --input FILE_OR_DIR "
-            "(e.g. --input $POPE_SHARED_DATA/text/owt_sample.jsonl).")
-    if importlib.util.find_spec("datasets") is None:
-        raise common.PrepareError(f"loading {HF_ID} needs the Python package 'datasets' (pip install datasets). {hint}")
-    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
-    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "30")
+def hf_documents(revision):
+    """(count, iterator) over HF_ID at revision, by default the Hub's parquet conversion (the dataset's
+    loading script runs on `datasets` < 4 only; parquet files load on 3 and 4). Offline: a PrepareError."""
+    hint = (f"Offline, pass a local copy of {HF_ID} (.jsonl with a 'text' field) or any .txt/.jsonl text "
+            "with --input FILE_OR_DIR (e.g. --input $POPE_SHARED_DATA/text/owt_sample.jsonl)")
+    datasets = common.require("datasets", "datasets", f"downloading {HF_ID}")
     import socket
-    try:  # a hub that cannot be reached: only the local HF cache, so that nothing waits on the network
+    try:  # the Hub unreachable: only HF's local cache, instead of a minute of retries
         socket.create_connection(("huggingface.co", 443), timeout=3).close()
     except OSError:
         os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "1"
-    import datasets
     try:
-        ds = datasets.load_dataset(HF_ID, split="train")
-    except Exception as e:
+        ds = datasets.load_dataset(HF_ID, revision=revision, split="train")
+    except Exception as e:  # (no network: ConnectionError, or datasets' own errors)
         raise common.PrepareError(f"could not load {HF_ID} ({type(e).__name__}: {e}). {hint}") from e
+    if len(ds) != HF_DOCS:  # (the Hub converts only the first GBs of some large datasets)
+        common.log(f"warning: {HF_ID}@{revision} holds {len(ds):,} documents, not OpenWebText's {HF_DOCS:,} "
+                   "(a partial conversion?); another --hf_revision, or --input, gives the whole set")
     return len(ds), (row["text"] for row in ds)
 
 
@@ -161,20 +163,20 @@ def hf_documents():
 # main
 
 def build_parser():
-    p = common.script_parser(__doc__, NAME, nargs="+", help="one or more .jsonl/.json/.txt files or folders of them "
-                                                            "(without it: HF " + HF_ID + ")")
+    p = common.script_parser(__doc__, NAME, nargs="+", help=f".jsonl/.json/.txt files or folders of them "
+                             f"(without it: HF {HF_ID})")
     p.add_argument("--val_input", nargs="+", help="files or folders whose documents form val (all of "
                    "--input then goes to train)")
-    p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenizer worker processes")
+    p.add_argument("--hf_revision", default="refs/convert/parquet", help=f"the revision of {HF_ID} read "
+                   "without --input (default: the Hub's parquet conversion)")
+    p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenizer workers")
     p.add_argument("--text_field", default="text", help="JSON field holding the text (default text)")
-    p.add_argument("--txt_doc_sep", default="\n\n\n", help="document separator in .txt files ('' = whole file)")
+    p.add_argument("--txt_doc_sep", default="\n\n\n", help="document separator in .txt files ('' = a file)")
     return p
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    out_dir = Path(args.out_dir)
-    common.check_out_dir(out_dir)  # a user's files in out_dir: refused before reading the input
     get_encoding()  # fail before any work if the BPE files are missing
 
     def local(paths):
@@ -184,45 +186,26 @@ def main(argv=None):
         names = [str(f.relative_to(path)) if Path(path).is_dir() else f.name for path, f in found]
         return files, count_documents(files, args.text_field, args.txt_doc_sep), names
 
-    if args.input is None:
-        n_docs, docs = hf_documents()
-        source = HF_ID
-    else:
-        files, n_docs, source = local(args.input)
-        if n_docs == 0:
-            raise common.PrepareError(f"no documents in {' '.join(args.input)} (empty input)")
-        docs = iter_documents(files, args.text_field, args.txt_doc_sep)
-    if args.val_input is None:
-        is_val = val_documents(n_docs)
-        val_source = None
-    else:
-        vfiles, n_val, val_source = local(args.val_input)
-        if n_val == 0:
-            raise common.PrepareError(f"no documents in --val_input {' '.join(args.val_input)} (empty input)")
-        docs = itertools.chain(docs, iter_documents(vfiles, args.text_field, args.txt_doc_sep))
-        is_val = np.concatenate([np.zeros(n_docs, dtype=bool), np.ones(n_val, dtype=bool)])
-        n_docs += n_val
-
-    ndoc = {"train": 0, "val": 0}
-    import multiprocessing as mp
-    with common.staged_dataset(out_dir) as stage:
-        with common.split_writers(stage, ("train", "val")) as writers:
-            with mp.get_context("spawn").Pool(max(1, args.num_proc), initializer=_init_worker) as pool, \
-                    common.progress(total=n_docs, desc="tokenizing", unit="doc") as bar:
-                i = 0
-                # bounded batches: Pool.imap would read the whole input ahead into memory
-                for batch in iter(lambda: list(itertools.islice(docs, BATCH_DOCS)), []):
-                    for ids in pool.imap(_encode, batch, chunksize=16):
-                        if i >= n_docs:
-                            raise common.PrepareError(f"the input changed while reading: more than {n_docs} documents")
-                        split = "val" if is_val[i] else "train"
-                        writers[split].write(ids)
-                        ndoc[split] += 1
-                        i += 1
-                    bar.update(len(batch))
-            if sum(ndoc.values()) != n_docs:
-                raise common.PrepareError(f"read {sum(ndoc.values())} documents, expected {n_docs}")
-        counts = {s: w.count for s, w in writers.items()}
+    with common.staged_dataset(args.out_dir) as stage:  # (a bad out_dir: refused before reading the input)
+        if args.input is None:
+            n_docs, docs = hf_documents(args.hf_revision)
+            source = f"{HF_ID}@{args.hf_revision}"
+        else:
+            files, n_docs, source = local(args.input)
+            if n_docs == 0:
+                raise common.PrepareError(f"no documents in {' '.join(args.input)} (empty input)")
+            docs = iter_documents(files, args.text_field, args.txt_doc_sep)
+        if args.val_input is None:
+            is_val = val_documents(n_docs)
+            val_source = None
+        else:
+            vfiles, n_val, val_source = local(args.val_input)
+            if n_val == 0:
+                raise common.PrepareError(f"no documents in --val_input {' '.join(args.val_input)}")
+            docs = itertools.chain(docs, iter_documents(vfiles, args.text_field, args.txt_doc_sep))
+            is_val = np.concatenate([np.zeros(n_docs, dtype=bool), np.ones(n_val, dtype=bool)])
+            n_docs += n_val
+        counts, ndoc = write_splits(stage, docs, is_val, args.num_proc)
         meta = {
             "format": NAME,
             "prepare": common.command_line(NAME, build_parser(), args),
@@ -239,8 +222,29 @@ def main(argv=None):
         else:
             meta["val_source"] = val_source
         common.write_meta(stage, meta)
-    common.report(out_dir, counts, {s: f"{ndoc[s]:,} document{'s' * (ndoc[s] != 1)}" for s in counts})
+    common.report(args.out_dir, counts, {s: f"{ndoc[s]:,} document{'s' * (ndoc[s] != 1)}" for s in counts})
     return counts
+
+
+def write_splits(stage, docs, is_val, num_proc):
+    """Tokenize docs on num_proc workers (in input order) into stage/{train,val}.bin."""
+    import multiprocessing as mp
+    ndoc, n_docs = {"train": 0, "val": 0}, len(is_val)
+    with common.split_writers(stage, ("train", "val")) as writers, \
+            mp.get_context("spawn").Pool(max(1, num_proc), initializer=_init_worker) as pool, \
+            common.progress(total=n_docs, desc="tokenizing", unit="doc") as bar:
+        # bounded batches: Pool.imap would read the whole input ahead into memory
+        i = 0
+        for batch in iter(lambda: list(itertools.islice(docs, BATCH_DOCS)), []):
+            for ids in pool.imap(_encode, batch, chunksize=16):
+                split = "val" if i < n_docs and is_val[i] else "train"
+                writers[split].write(ids)
+                ndoc[split] += 1
+                i += 1
+            bar.update(len(batch))
+    if sum(ndoc.values()) != n_docs:  # (the input changed while it was read)
+        raise common.PrepareError(f"read {sum(ndoc.values())} documents, expected {n_docs}")
+    return {s: w.count for s, w in writers.items()}, ndoc
 
 
 if __name__ == "__main__":

@@ -3,18 +3,17 @@ it written in the test: vocabulary, a reference tokenizer, N handling,
 held-out regions and chromosomes, round trip, idempotency, bad input."""
 import gzip
 import re
-import shlex
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from prepare import common
+from prepare import genome
 
-from prepare import common  # noqa: E402
-from prepare import genome  # noqa: E402
+
+def read_bin(d, split):
+    return np.fromfile(d / f"{split}.bin", dtype=np.uint16)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +82,7 @@ def test_encode_decode_round_trip():
     assert genome.decode(genome.encode("ACGTACGTNNNNacgtRAC")) == "ACGTACGT\nACGT\nAC\n"
 
 
-def test_regions_on_slices_match_reference(tmp_path, records, monkeypatch):
+def test_regions_on_slices_match_reference(tmp_path, records):
     write_fasta(tmp_path / "s.fa.gz", records)
     counts = genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "o")])
     meta = common.load_meta(tmp_path / "o")
@@ -98,7 +97,7 @@ def test_regions_on_slices_match_reference(tmp_path, records, monkeypatch):
         expect["test"] += ref_tokens(seq[t:])
         regions[name.split()[0]] = {"val": [v, t], "test": [t, L]}
     for split in common.SPLITS:
-        got = np.asarray(common.read_bin(tmp_path / "o", split)).tolist()
+        got = read_bin(tmp_path / "o", split).tolist()
         assert got == expect[split], split
         assert counts[split] == len(expect[split])
     assert counts == {"train": 6_270, "val": 45, "test": 45}
@@ -109,17 +108,11 @@ def test_regions_on_slices_match_reference(tmp_path, records, monkeypatch):
     assert meta["dropped_bases"] == 431 + 3_908 + 1
     assert meta["vocab_size"] == 4107 and meta["format"] == "genome" and meta["itos"] == genome.ITOS
     assert meta["tokens"] == counts and common.check_dataset(tmp_path / "o", common.SPLITS) == meta
-    assert meta["prepare"] == (f"python prepare/genome.py --input {common.repo_path(tmp_path / 's.fa.gz')} "
-                               f"--out_dir {common.repo_path(tmp_path / 'o')}")
-    # plain FASTA gives the same files; a re-run (the recorded command) gives byte-identical files
-    write_fasta(tmp_path / "s.fa", records)
+    write_fasta(tmp_path / "s.fa", records)  # plain FASTA: the same files
     genome.main(["--input", str(tmp_path / "s.fa"), "--out_dir", str(tmp_path / "plain")])
     for split in common.SPLITS:
-        assert (tmp_path / "o" / f"{split}.bin").read_bytes() == (tmp_path / "plain" / f"{split}.bin").read_bytes()
-    before = {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir()}
-    monkeypatch.chdir(common.REPO_ROOT)  # (the command's relative paths are the repo root's, as a user runs it)
-    genome.main(shlex.split(meta["prepare"])[2:])
-    assert {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir()} == before
+        assert (tmp_path / "o" / f"{split}.bin").read_bytes() == \
+            (tmp_path / "plain" / f"{split}.bin").read_bytes()
 
 
 def test_held_out_chromosomes_and_decode(tmp_path, records):
@@ -128,25 +121,17 @@ def test_held_out_chromosomes_and_decode(tmp_path, records):
                           "--val_chroms", "2", "--test_chroms", "chr3"])
     assert counts == {"train": len(ref_tokens(records[0][1])), "val": len(ref_tokens(records[1][1])),
                       "test": len(ref_tokens(records[2][1]))} == {"train": 3_265, "val": 1_408, "test": 1_673}
-    train = np.asarray(common.read_bin(tmp_path / "o", "train"))
+    train = read_bin(tmp_path / "o", "train")
     lines = genome.decode(train).splitlines()
     assert lines == [records[0][1][:19_569].upper()]  # one contig: the bases before the N run
-    test = genome.decode(common.read_bin(tmp_path / "o", "test")).splitlines()
+    test = genome.decode(read_bin(tmp_path / "o", "test")).splitlines()
     assert test == [records[2][1][:5000], records[2][1][5001:]]
     meta = common.load_meta(tmp_path / "o")
     assert meta["holdout_regions"] == {} and meta["tokens"] == counts
-    assert meta["prepare"] == (f"python prepare/genome.py --input {common.repo_path(tmp_path / 's.fa.gz')} "
-                               f"--val_chroms 2 --test_chroms chr3 --out_dir {common.repo_path(tmp_path / 'o')}")
-    with pytest.raises(common.PrepareError, match=r"not found.*\['9'\]") as e:
-        genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "p"), "--val_chroms", "9"])
-    # the message names the records the file holds and the two ways out
-    assert "its records are ['chr1', 'chr2', '3']" in str(e.value)
-    assert "omit --val_chroms/--test_chroms" in str(e.value) and "a FASTA that holds" in str(e.value)
-    with pytest.raises(common.PrepareError, match=r"not found.*\['7'\]") as e:
-        genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "p"), "--chroms", "chr2,7"])
-    assert "its records are ['chr1', 'chr2', '3']" in str(e.value) and "--chroms" in str(e.value)
-    assert "omit --val_chroms" not in str(e.value)
-    assert not (tmp_path / "p" / "meta.json").exists() and not (tmp_path / "p" / "train.bin").exists()
+    for option in (["--val_chroms", "9"], ["--chroms", "chr2,9"]):  # the chromosome that is not in the file
+        with pytest.raises(common.PrepareError, match=r"\['9'\]"):
+            genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "p"), *option])
+    assert not (tmp_path / "p").exists()
 
 
 def test_full_chr20(tmp_path, chr20_path, chr20):
@@ -154,38 +139,31 @@ def test_full_chr20(tmp_path, chr20_path, chr20):
     assert counts == {"train": 9_717_526, "val": 105_046, "test": 95_046}
     meta = common.load_meta(tmp_path)
     assert meta["tokens"] == counts and common.check_dataset(tmp_path, common.SPLITS) == meta
-    assert meta["prepare"] == (f"python prepare/genome.py --input {common.repo_path(chr20_path)} "
-                               f"--out_dir {common.repo_path(tmp_path)}")
-    assert meta["holdout_regions"] == {"20": {"val": [61_765_010, 62_395_265], "test": [62_395_265, 63_025_520]}}
+    assert meta["holdout_regions"] == {"20": {"val": [61_765_010, 62_395_265],
+                                              "test": [62_395_265, 63_025_520]}}
     assert meta["dropped_bases"] == 3_520_000  # exactly the N bases
     stats = meta["split_stats"]
     assert sum(s["bases"] for s in stats.values()) == 59_505_520
     assert [stats[s]["contigs"] for s in common.SPLITS] == [6, 1, 1]
-    val = np.asarray(common.read_bin(tmp_path, "val"))
+    val = read_bin(tmp_path, "val")
     assert val.tolist() == ref_tokens(chr20[61_765_010:62_395_265])
-    train = np.asarray(common.read_bin(tmp_path, "train"))
+    train = read_bin(tmp_path, "train")
     assert train.max() < 4106 and int((train == 4).sum()) == 6 and not np.isin(train, [0, 1, 2, 3, 5]).any()
     assert genome.decode(train[:10]) == chr20[60_000:60_060]
 
 
-def test_bad_input(tmp_path):
-    (tmp_path / "empty.fa").write_text("")
-    with pytest.raises(common.PrepareError, match="no FASTA records"):
-        genome.main(["--input", str(tmp_path / "empty.fa"), "--out_dir", str(tmp_path / "o")])
-    write_fasta(tmp_path / "n.fa", [("chr1", "N" * 5000)])
-    with pytest.raises(common.PrepareError, match="split 'train' is empty"):
-        genome.main(["--input", str(tmp_path / "n.fa"), "--out_dir", str(tmp_path / "o")])
-    (tmp_path / "text.fa").write_text("ACGT without a header\n")
-    with pytest.raises(common.PrepareError, match="not a FASTA file"):
-        genome.main(["--input", str(tmp_path / "text.fa"), "--out_dir", str(tmp_path / "o")])
-    (tmp_path / "dir").mkdir()
-    with pytest.raises(common.PrepareError, match="no FASTA file"):
-        genome.main(["--input", str(tmp_path / "dir"), "--out_dir", str(tmp_path / "o")])
-    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
-
-
-def test_a_bad_input_makes_no_out_dir(tmp_path):
-    # (the offline download: test_prepare_scripts.test_a_failed_download_leaves_no_folder_behind)
-    with pytest.raises(common.PrepareError, match="does not exist"):  # a bad --input: out_dir is never made
-        genome.main(["--input", str(tmp_path / "nope.fa"), "--out_dir", str(tmp_path / "new" / "genome")])
-    assert list(tmp_path.iterdir()) == []
+@pytest.mark.parametrize("name, text, named", [
+    ("empty.fa", "", "empty.fa"),
+    ("n.fa", ">chr1\n" + "N" * 5000 + "\n", "'train'"),
+    ("text.fa", "ACGT without a header\n", "text.fa"),
+    ("dir", None, "dir"),
+    ("nope.fa", False, "nope.fa"),
+])
+def test_bad_input_is_refused_and_writes_nothing(tmp_path, name, text, named):
+    if text is None:
+        (tmp_path / name).mkdir()
+    elif text is not False:
+        (tmp_path / name).write_text(text)
+    with pytest.raises(common.PrepareError, match=named):
+        genome.main(["--input", str(tmp_path / name), "--out_dir", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
