@@ -363,7 +363,7 @@ def main(argv):
         if last:
             break
 
-        torch.manual_seed(make_gen(seed, iter_num, rank).initial_seed())  # dropout too: resumes stay bitwise
+        torch.manual_seed(make_gen(seed, iter_num, rank, 1).initial_seed())  # dropout: bitwise resumes
         loss_acc = graphed(iter_num, lr) if graphed is not None else step(train_batch)
         if iter_num % log_interval == 0:
             if world > 1:  # every rank joins: the logged loss is the mean over the global batch
