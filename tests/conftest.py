@@ -6,10 +6,11 @@ The gpt2 encoding comes from TIKTOKEN_CACHE_DIR; when it is unset, a writable
 copy of ../shared/tiktoken_cache (next to the repo) is used, as in CI. The real
 samples come from $POPE_SHARED_DATA, else ../shared/data. The fixture readonly
 makes a folder act as if on a read-only file system; damage flips a bit inside a
-checkpoint's tensor data."""
+checkpoint's tensor data; data_root holds tiny seeded datasets for train.py."""
 import builtins
 import errno
 import io
+import json
 import os
 import shutil
 import sys
@@ -118,3 +119,22 @@ def damage():
         Path(path).write_bytes(bytes(b))
         return info.filename
     return apply
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory):
+    """toy (a periodic char stream with noise, vocabulary 20), wide (the same with vocabulary 30) and rows
+    (fixed rows of 12 with one scored target each), all seeded."""
+    import numpy as np
+    from helpers import write_rows
+    root = tmp_path_factory.mktemp("data")
+    rng = np.random.default_rng(0)
+    for name, V in (("toy", 20), ("wide", 30)):
+        os.makedirs(root / name)
+        seq = ((np.arange(30000) % 17) + rng.integers(0, 3, 30000)).astype(np.uint16)
+        seq[:27000].tofile(root / name / "train.bin")
+        seq[27000:].tofile(root / name / "val.bin")
+        (root / name / "meta.json").write_text(json.dumps({"vocab_size": V, "dtype": "uint16",
+                                                            "itos": [chr(97 + i) for i in range(V)]}))
+    write_rows(root / "rows", 12, seed=1)
+    return root

@@ -1,6 +1,7 @@
 """Helpers the test files share (pytest puts tests/ on sys.path)."""
 import contextlib
 import io
+import json
 import os
 import random
 import runpy
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import traceback
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,3 +107,20 @@ def run_here(argv, cwd, check=True):
     if check and code != 0:
         raise AssertionError(f"{argv} failed:\n{p.stdout}\n{p.stderr}")
     return p
+
+
+def write_rows(folder, row_len, seed, n=(2000, 200), prepare="made by the test"):
+    """Fixed rows (the indirect-indexing layout): row_len - 3 random tokens, a separator 0, then a copy of the
+    token before it, the one scored target (the mask)."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(folder, exist_ok=True)
+    for split, rows_n in zip(("train", "val"), n):
+        rows = rng.integers(1, 20, size=(rows_n, row_len)).astype(np.uint16)
+        rows[:, -2], rows[:, -1] = 0, rows[:, -3]
+        mask = np.zeros_like(rows, dtype=np.uint8)
+        mask[:, -1] = 1
+        rows.tofile(os.path.join(folder, f"{split}.bin"))
+        mask.tofile(os.path.join(folder, f"{split}_mask.bin"))
+    meta = {"vocab_size": 20, "dtype": "uint16", "itos": [chr(97 + i) for i in range(20)], "row_len": row_len,
+            "prepare": prepare, "tokens": {"train": n[0] * row_len, "val": n[1] * row_len}}
+    Path(folder, "meta.json").write_text(json.dumps(meta))
