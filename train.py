@@ -314,7 +314,7 @@ def main(argv):
     if master:
         print(f"tokens per iteration: {tokens_per_iter:,} ({accum} accum x {world} procs x {batch_size} x "
               f"{data.T}), data {data.dir}\nmodel: {model.get_num_params() / 1e6:.2f}M parameters, "
-              f"{model.attention_path()}")
+              f"{model.attention_path(compiled=compile)}")
     scaler = torch.amp.GradScaler(device_type, enabled=(dt == "float16"))
     optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
     if resume:

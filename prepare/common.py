@@ -3,7 +3,6 @@
 the check train.py runs on it (check_dataset), token readers and one-line errors."""
 
 import argparse
-import hashlib
 import importlib
 import json
 import os
@@ -99,26 +98,6 @@ def codec(meta):
             raise ValueError(f"characters {bad} are not in the vocabulary ({''.join(itos)!r})")
         return [stoi[c] for c in s]
     return encode, lambda ids: "".join(itos[i] for i in ids)
-
-
-def checkpoint_error(path, e):
-    """One line saying why torch.load(path, weights_only=True) (or
-    configurator.load_checkpoint) failed with e. torch's own text for a file that needs
-    pickle spans lines and offers to load it with weights_only=False; here such a
-    file is refused, and the line says why: loading it would run code."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
-    if type(e).__name__ == "CheckpointError":  # configurator.check_checkpoint_file's own line names the file
-        return text
-    if type(e).__name__ == "UnpicklingError":  # pickle's, re-raised by torch.load's weights-only unpickler
-        glob = re.search(r"Unsupported global: GLOBAL (\S+)", text)
-        if glob:
-            return (f"cannot load {path}: refused, because loading it would run code (it asks to call "
-                    f"{glob.group(1)}); train.py writes checkpoints of tensors and plain types only, so this "
-                    "file was made by another program")
-        detail = (text.split("WeightsUnpickler error:")[-1].strip().splitlines() or [""])[0]
-        return f"cannot load {path}: not a torch checkpoint, or a damaged one (unpickling stopped: {detail[:120]})"
-    first = (text.strip().splitlines() or [""])[0]
-    return f"cannot load {path} as a train.py checkpoint ({type(e).__name__}: {first[:200]})"
 
 
 def check_writable(path, option):
@@ -394,127 +373,6 @@ def check_dataset(data_dir, splits=("train", "val"), scan=True):
             if mask is not None and not any(mask[i:i + CHECK_CHUNK].any() for i in range(0, n, CHECK_CHUNK)):
                 fail(mpath, "scores no token (all zeros)")
     return meta
-
-
-# -----------------------------------------------------------------------------
-# reading a dataset: the batches train.py draws (torch is imported on first use,
-# so that the prepare scripts never load it)
-
-def make_gen(*key):
-    """A torch.Generator seeded from a tuple of ints, e.g. (seed, iter, micro)."""
-    import torch
-    g = torch.Generator()
-    g.manual_seed(int(np.random.SeedSequence(list(key)).generate_state(1, np.uint64)[0] >> 1))
-    return g
-
-
-class Data:
-    """Token memmaps of one dataset, with optional loss masks and fixed rows.
-
-    Training batches are drawn from a generator seeded by (seed, iter, global
-    micro-step), so the sampler's whole state is the iteration number: a resumed
-    run draws exactly the batches the uninterrupted run would have, and N DDP
-    ranks together draw exactly the global batch of one process. Raises
-    PrepareError (one line) for a dataset that cannot be trained on.
-
-    Every file is opened once, here, and read through those handles: a prepare run
-    that swaps a new set in (renames) and deletes this one cannot change the data
-    under a run, which keeps reading the set it checked. identity (meta.json's
-    SHA-256 and every split file's size) is what a checkpoint records, so that a
-    resume can tell whether it continues on the same data (data_changes)."""
-
-    def __init__(self, data_dir, block_size, splits):
-        self.meta = check_dataset(data_dir, splits)  # every split's size, dtype, rows, mask and largest id, once
-        self.dir = data_dir
-        self.dtype = np.dtype(self.meta["dtype"])
-        self.files, sizes = {}, {}
-        folder = os.open(data_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:  # every file from the same folder (a swap renames whole folders)
-            with os.fdopen(os.open("meta.json", os.O_RDONLY, dir_fd=folder), "rb") as f:
-                meta_bytes = f.read()
-            for name in sorted(DATASET_FILES - {"meta.json"}):
-                try:
-                    fd = os.open(name, os.O_RDONLY, dir_fd=folder)
-                except FileNotFoundError:
-                    continue
-                sizes[name] = os.fstat(fd).st_size
-                if name.removesuffix(".bin").removesuffix("_mask") in splits:
-                    self.files[name] = os.fdopen(fd, "rb")
-                else:
-                    os.close(fd)
-        finally:
-            os.close(folder)
-        try:
-            same = {"dtype": "uint16", **json.loads(meta_bytes)} == self.meta
-        except ValueError:
-            same = False
-        if not same or any(f"{s}.bin" not in self.files for s in splits):
-            raise PrepareError(f"{data_dir} changed while train.py read it (a prepare run?); run train.py again")
-        self.identity = {"meta_sha256": hashlib.sha256(meta_bytes).hexdigest(), "bytes": sizes}
-        self.row_len = self.meta.get("row_len")
-        if self.row_len and block_size < self.row_len - 1:
-            raise PrepareError(f"dataset rows hold {self.row_len} tokens, so block_size must be at least "
-                               f"{self.row_len - 1}; got block_size={block_size}")
-        self.T = self.row_len - 1 if self.row_len else block_size
-        for split in splits:
-            n, need = len(self.arrays(split)[0]), self.row_len or self.T + 1
-            if n < need:
-                raise PrepareError(f"{data_dir}/{split}.bin holds {n} tokens, fewer than one sequence "
-                                   f"({need}); use a smaller block_size or a larger split")
-
-    def arrays(self, split, masked=True):
-        """(tokens, mask) memmaps of a split; mask None without {split}_mask.bin or
-        with masked=False (then every token is a target: train.py's train_mask=False)."""
-        # a fresh memmap per batch, as nanoGPT does, avoids a memory leak (of the handles opened at the start)
-        data = np.memmap(self.files[f"{split}.bin"], dtype=self.dtype, mode="r")
-        mfile = self.files.get(f"{split}_mask.bin") if masked else None
-        return data, (np.memmap(mfile, dtype=np.uint8, mode="r") if mfile is not None else None)
-
-    def starts(self, split, n, gen):
-        """n random sequence starts."""
-        import torch
-        data, _ = self.arrays(split)
-        if self.row_len:
-            return torch.randint(len(data) // self.row_len, (n,), generator=gen) * self.row_len
-        return torch.randint(len(data) - self.T, (n,), generator=gen)
-
-    def eval_starts(self, split, n, iters, seed, full=False):
-        """The eval's batches of n starts: iters fixed random batches (the same at
-        every eval), or, with full, every row / non-overlapping window of the split."""
-        import torch
-        if full:
-            data, _ = self.arrays(split)
-            count = len(data) // self.row_len if self.row_len else (len(data) - 1) // self.T
-            return list((torch.arange(count) * (self.row_len or self.T)).split(n))
-        split_id = {"train": 0, "val": 1, "test": 2}.get(split, 3)
-        return [self.starts(split, n, make_gen(seed, split_id, k)) for k in range(iters)]
-
-    def batch(self, split, starts, device, masked=True):
-        import torch
-        data, mask = self.arrays(split, masked)
-        # one fancy-indexed gather for all rows: a Python loop over rows costs milliseconds per
-        # step, which is most of a step for the small task models
-        ix = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(self.T + 1)
-        w = torch.from_numpy(data[ix].astype(np.int64))
-        x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()
-        m = torch.from_numpy(mask[ix[:, 1:]].astype(np.float32)) if mask is not None else None
-        if "cuda" in str(device):
-            x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-            m = m.pin_memory().to(device, non_blocking=True) if m is not None else None
-        else:
-            x, y, m = x.to(device), y.to(device), (m.to(device) if m is not None else None)
-        return x, y, m
-
-
-def data_changes(old, new):
-    """What differs between two Data.identity records, one phrase each (empty: the
-    same data, as far as meta.json and the file sizes tell)."""
-    out = [] if old.get("meta_sha256") == new["meta_sha256"] else ["meta.json differs"]
-    for name in sorted(set(old.get("bytes", {})) | set(new["bytes"])):
-        a, b = (d.get("bytes", {}).get(name) for d in (old, new))
-        if a != b:
-            out.append(f"{name}: " + " -> ".join("absent" if n is None else f"{n:,} bytes" for n in (a, b)))
-    return out
 
 
 # -----------------------------------------------------------------------------

@@ -7,7 +7,6 @@ the rest builds models in the test. The whole file runs in well under two minute
 on 2 CPU cores."""
 
 import errno
-import fractions
 import json
 import math
 import os
@@ -29,7 +28,7 @@ import train  # noqa: E402
 from helpers import run_here, script_error, script_help  # noqa: E402
 from model import load_checkpoint  # noqa: E402
 from model import GPT, GPTConfig, yarn_inv_freq  # noqa: E402
-from prepare.common import Data, PrepareError, codec, read_tokens  # noqa: E402
+from prepare.common import PrepareError, codec, read_tokens  # noqa: E402
 
 BLOCK = 32
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", f"--block_size={BLOCK}", "--device=cpu", "--compile=False"]
@@ -96,8 +95,8 @@ def test_1x_point_equals_train_evaluate(env, tmp_path, pe):
     _, js = run_eval(["--ckpt", env.ckpts[pe], "--data", env.val, "--lengths", str(BLOCK)], tmp_path)
     r = js["models"][f"out-{pe}"]["results"][str(BLOCK)]
     model, ckpt = load_checkpoint(env.ckpts[pe], device="cpu")
-    data = Data(env.data, BLOCK, ("val",))
-    ref = train.evaluate(model, data, "val", ckpt["config"], "cpu", nullcontext(), full=True)
+    data = train.Data(env.data, BLOCK, ["val"])
+    ref = train.evaluate(model, data, "val", "cpu", nullcontext(), full=True)
     n = (len(env.val_ids) - 1) // BLOCK
     assert r["tokens"] == ref["tokens"] == n * BLOCK
     assert r["windows"] == n
