@@ -18,7 +18,6 @@ except ImportError as e:
 
 TWO_PI = 2.0 * math.pi
 
-
 @dataclass
 class GPTConfig:
     block_size: int = 1024
@@ -49,7 +48,6 @@ class GPTConfig:
         if self.rope_scaling < 1.0 or self.rope_scaling > 1.0 and self.pos_emb != "rope":
             raise ValueError(f"rope_scaling must be >= 1, 1 unless pos_emb='rope'; got {self.rope_scaling}")
 
-
 # -----------------------------------------------------------------------------
 # PoPE (Gopalakrishnan et al., arXiv 2509.10534). Per head of dim D, on the raw q/k projections:
 #     mu_q = softplus(q), mu_k = softplus(k)                     "what": content only
@@ -60,44 +58,36 @@ class GPTConfig:
 # of the 2D-long vectors [mu cos(phi), mu sin(phi)], so the PyTorch path builds those (pope_cos_sin,
 # then pope_cartesian) and calls SDPA. Values, softmax and the causal mask are unchanged.
 #
-# Porting: pope_kernel.py's kernels (training and decoding) take theta from pope_frequencies and delta from
-# pope_delta; the rest of this math is copied in their @triton.jit helpers: _softplus (pope_magnitude),
-# _cos_sin (pope_cos_sin) and the Cartesian-tile helpers _cartesian_tile and _cartesian_grad (pope_cartesian
-# and its backward). To try a variant: edit this section, run --attn_impl=torch (any device), then port the
-# change to those helpers; tests/test_kernel.py fails while they differ.
+# Porting: pope_kernel.py's kernels (training, decoding) take theta and delta from pope_frequencies and
+# pope_delta; the rest is copied in @triton.jit helpers: _softplus (pope_magnitude), _cos_sin (pope_cos_sin),
+# the Cartesian-tile helpers _cartesian_tile, _cartesian_grad (pope_cartesian, its backward). A variant: edit
+# here, run --attn_impl=torch, port it to those helpers; tests/test_kernel.py fails while they differ.
 
 def pope_magnitude(x):
     return F.softplus(x)
-
 
 def pope_frequencies(D, base=10000.0, device=None, dtype=torch.float32):
     """theta_c = base^(-c/D) for c = 0..D-1, rounded once from float64 (the kernels' too)."""
     return torch.logspace(0, -(D - 1) / D, D, base=base, device=device, dtype=torch.float64).to(dtype)
 
-
 def pope_delta(delta, bound="wrap"):
-    """delta bounded to [-2pi, 0] (RESULTS.md section 7): "wrap" modulo 2pi (its gradient never cut); "clamp"
-    (zero gradient outside); "project" clamps, and train.py clamps the parameter after each step too."""
+    """delta in [-2pi, 0]: "wrap" (mod 2pi), "clamp", "project" (+ GPT.project_delta_); RESULTS.md sec. 7"""
     if bound == "wrap":
         return delta - TWO_PI * torch.ceil(delta.detach() / TWO_PI)
     return torch.clamp(delta, -TWO_PI, 0.0)
 
-
 def pope_cos_sin(positions, theta, delta=None):
-    """cos(phi) and sin(phi) stacked, in theta's dtype: (T, 2, D) for queries, phi = t*theta; for keys,
-    phi = s*theta + delta: (H, T, 2, D) for delta (H, D)."""
+    """cos, sin of phi = t*theta (queries: (T, 2, D)) or s*theta + delta (keys: (H, T, 2, D))"""
     phase = positions.to(theta.dtype)[:, None] * theta  # (T, D)
     if delta is not None:
         phase = phase + delta.to(theta.dtype)[..., None, :]
     return torch.stack([torch.cos(phase), torch.sin(phase)], dim=-2)
-
 
 def pope_cartesian(x, cos_sin, raw=True):
     """[mu cos(phi), mu sin(phi)]: (B, H, T, 2D) in cos_sin's dtype, of x (B, H, T, D) the raw projection,
     or its magnitudes mu with raw=False (KVCache's keys)."""
     mu = pope_magnitude(x.to(cos_sin.dtype)) if raw else x
     return (mu.unsqueeze(-2) * cos_sin).flatten(-2)
-
 
 def pope_attention_torch(q, k, v, delta, *, causal=True, base=10000.0, q_offset=0):
     """The PyTorch path, pope_kernel.pope_attention's contract (the tests hold the kernel to it): q (B, H, Tq,
@@ -110,7 +100,6 @@ def pope_attention_torch(q, k, v, delta, *, causal=True, base=10000.0, q_offset=
     mask = kpos[None, :] <= qpos[:, None] if causal and (q_offset or q.size(2) != k.size(2)) else None
     return F.scaled_dot_product_attention(qc, kc, v, attn_mask=mask, is_causal=causal and mask is None,
                                           scale=1.0 / math.sqrt(q.size(-1)))
-
 
 # -----------------------------------------------------------------------------
 # RoPE, with YaRN (Peng et al., arXiv 2309.00071) for longer contexts
@@ -129,19 +118,16 @@ def yarn_inv_freq(head_dim, base, scale, orig_len, beta_fast=32.0, beta_slow=1.0
     theta = (1 - ramp) * theta + ramp * theta / scale
     return theta.float(), 0.1 * math.log(scale) + 1.0
 
-
 def rope_cos_sin(inv_freq, positions):
-    """apply_rope's cos and [-sin, sin] of the angles: (T, D) each, (L, T, D) for inv_freq (L, D/2)."""
-    ang = positions.float()[:, None] * inv_freq[..., None, :]  # (..., T, D/2)
+    """apply_rope's cos and [-sin, sin] of the angles (T, D/2): (T, D) each."""
+    ang = positions.float()[:, None] * inv_freq
     cos, sin = ang.cos(), ang.sin()
     return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
-
 
 def apply_rope(x, cos, sin):
     """Rotate (B, H, T, D) by rope_cos_sin's cos and sin: x[i] + 1j x[i + D/2] times e^(1j angle_i)."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos.to(x.dtype) + torch.cat([x2, x1], dim=-1) * sin.to(x.dtype)
-
 
 # -----------------------------------------------------------------------------
 # the model
@@ -149,7 +135,6 @@ def apply_rope(x, cos, sin):
 def use_pope_kernel(attn_impl, q, k, v, delta, *, compiled=None, decoding=False):
     """The one rule for which attention runs: (True, why) for pope_kernel.py's kernels, (False, why) for the
     PyTorch path; for a PoPE forward's q, k, v, delta, or (decoding) a KVCache's k and v, any pos_emb."""
-    compiled = torch.compiler.is_compiling() if compiled is None else compiled
     if attn_impl == "torch":
         return False, "attn_impl='torch'"
     if pope_kernel is None and attn_impl == "triton":
@@ -159,6 +144,7 @@ def use_pope_kernel(attn_impl, q, k, v, delta, *, compiled=None, decoding=False)
     # Until the kernel wins there (issue 44): on an H200, 124M, bf16, 32k tokens a step, torch.compile's
     # PyTorch path beat the kernel past 1k tokens (ms/step, PyTorch vs kernel: 4k 100.2 vs 102.0, 16k 187.3
     # vs 200.0); at 1k the kernel won (40.11 vs 41.13).
+    compiled = torch.compiler.is_compiling() if compiled is None else compiled
     if attn_impl == "auto" and compiled and not decoding and q.size(2) > 1024:
         return False, "attn_impl='auto', torch.compile, over 1024 tokens: there the PyTorch path is faster"
     why = KERNEL_MISSING if pope_kernel is None else pope_kernel.decode_unsupported_reason(k, v) if decoding \
@@ -167,24 +153,20 @@ def use_pope_kernel(attn_impl, q, k, v, delta, *, compiled=None, decoding=False)
         return True, f"attn_impl={attn_impl!r}" + (f"; it will refuse this input: {why}" if why else "")
     return False, f"attn_impl={attn_impl!r}; the kernel does not take this input: {why}"
 
-
 class KVCache:
-    """generate()'s static cache, `context` slots per layer. A forward of T tokens writes its keys and values
-    at pos..pos+T-1 and attends over the slots up to each; pos, a tensor, advances in place (a one-token
-    step replays as a CUDA graph). Keys: RoPE's rotated, NoPE's as they are, PoPE's magnitudes mu_k alone
-    (D numbers, RoPE's bytes), each slot's phase made as it is read: by the decoding kernel, else by
-    pope_cartesian. Measured against a cache of Cartesian keys (2D numbers): 5,283 vs 3,382 tokens/s
-    (H200, batch 8, context 8k)."""
+    """generate()'s static cache of `context` slots a layer; a forward of T tokens writes slots pos..pos+T-1
+    and attends over those up to each; pos, a tensor, advances in place (a step replays as a CUDA graph).
+    Keys: RoPE's rotated, NoPE's as they are, PoPE's magnitudes mu_k alone (RoPE's bytes), each slot's phase
+    made as it is read (decoding kernel, else pope_cartesian): over a cache of Cartesian keys (2D wide),
+    5,283 vs 3,382 tokens/s (H200, batch 8, context 8k)."""
 
     def __init__(self, model, B, context, dtype):
         cfg, device, attns = model.config, model.lm_head.weight.device, [b.attn for b in model.transformer.h]
         H, D = cfg.n_head, cfg.n_embd // cfg.n_head
         self.k = [torch.zeros(B, H, context, D, device=device, dtype=dtype) for _ in attns]
         self.v = [torch.zeros_like(k) for k in self.k]
-        self.kernel, self.why = use_pope_kernel(cfg.attn_impl, self.k[0], self.k[0], self.v[0], None,
-                                                decoding=True)
-        self.slots, self.pos = torch.arange(context, device=device), torch.zeros((), dtype=torch.long,
-                                                                                 device=device)
+        self.kernel = use_pope_kernel(cfg.attn_impl, self.k[0], self.k[0], self.v[0], None, decoding=True)[0]
+        self.slots, self.pos = torch.arange(context, device=device), torch.tensor(0, device=device)
         launch = dict(pope_kernel.decode_launch(self.k[0]), counts=torch.zeros(B * H, dtype=torch.int32,
                       device=device)) if self.kernel else {}  # picked once; counts: the kernel's chunk tally
         self.pos_emb, self.dtype, self.turn = cfg.pos_emb, dtype, [launch] * cfg.n_layer  # turn: per layer
@@ -192,24 +174,23 @@ class KVCache:
             self.theta = pope_frequencies(D, cfg.pope_base, device, torch.promote_types(dtype, torch.float32))
             self.delta = torch.stack([pope_delta(a.delta, a.delta_bound) for a in attns]).to(self.theta.dtype)
             self.turn = [dict(launch, theta=self.theta, delta=d) for d in self.delta]
-        if cfg.pos_emb == "rope":
-            self.inv_freq = torch.stack([a.inv_freq for a in attns])  # (L, D/2)
-            self.turn = [dict(launch, inv_freq=f) for f in self.inv_freq]
+        if cfg.pos_emb == "rope":  # (every layer's is the same)
+            self.inv_freq = attns[0].inv_freq
+            self.turn = [dict(launch, inv_freq=self.inv_freq)] * cfg.n_layer
 
     def start(self, T):  # GPT.forward's: the positions of its T tokens, the mask, RoPE's rotation per layer
         self.positions = self.pos.view(1) if T == 1 else self.pos + self.slots[:T]  # (pos advances after)
         if T > 1 or not self.kernel:  # (T, context): the slots past each query masked
             self.bias = torch.where(self.slots > self.positions[:, None], -math.inf, 0.0).to(self.dtype)
             if self.pos_emb == "rope":
-                rot = rope_cos_sin(self.inv_freq, self.positions)
-                self.rotation = list(zip(*(r.to(self.dtype) for r in rot)))
+                self.rotation = [r.to(self.dtype) for r in rope_cos_sin(self.inv_freq, self.positions)]
 
     def attend(self, layer, q, k, v, scale):  # raw q and k turned, k and v written, the slots up to each read
         if q.size(2) == 1 and self.kernel:  # one token: the kernel turns q and k, writes them, reads 0..pos
             return pope_kernel.decode_attention(q, k, v, self.k[layer], self.v[layer], self.positions, scale,
                                                 **self.turn[layer])
         if self.pos_emb == "rope":
-            q, k = apply_rope(q, *self.rotation[layer]), apply_rope(k, *self.rotation[layer])
+            q, k = apply_rope(q, *self.rotation), apply_rope(k, *self.rotation)
         if self.pos_emb == "pope":
             k = pope_magnitude(k.to(self.theta.dtype))
         k = self.k[layer].index_copy_(2, self.positions, k.to(self.dtype))  # (returns the whole cache)
@@ -219,13 +200,11 @@ class KVCache:
             k = pope_cartesian(k, pope_cos_sin(self.slots, self.theta, self.delta[layer]), False).to(v.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias, scale=scale)
 
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
         self.layer_idx, self.n_head, self.head_dim = layer_idx, config.n_head, config.n_embd // config.n_head
-        self.pos_emb, self.attn_impl, self.pope_base = config.pos_emb, config.attn_impl, config.pope_base
-        self.delta_bound = config.pope_delta_bound
+        self.pos_emb, self.attn_impl = config.pos_emb, config.attn_impl
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -234,8 +213,9 @@ class CausalSelfAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(self.head_dim)
         if self.pos_emb == "pope":  # delta: the keys' learned phase bias (initialised in GPT.__init__)
             self.delta = nn.Parameter(torch.zeros(config.n_head, self.head_dim))
-            theta = pope_frequencies(self.head_dim, self.pope_base, self.c_attn.weight.device)
-            self.register_buffer("theta", theta, persistent=False)  # the kernel's, float32
+            self.delta_bound = config.pope_delta_bound
+            self.pope_base = config.pope_base  # theta: the kernel's, float32
+            self.register_buffer("theta", pope_frequencies(self.head_dim, config.pope_base), persistent=False)
         if self.pos_emb == "rope":
             self.set_rope_scaling(config.rope_base, config.rope_scaling,
                                   config.rope_scaling_orig_len or config.block_size)
@@ -264,7 +244,6 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
-
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -274,7 +253,6 @@ class MLP(nn.Module):
 
     def forward(self, x):
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
-
 
 class Block(nn.Module):
     def __init__(self, config, layer_idx):
@@ -287,7 +265,6 @@ class Block(nn.Module):
     def forward(self, x, cache=None):
         x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
-
 
 class GPT(nn.Module):
     def __init__(self, config):
@@ -362,16 +339,14 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             block.attn.set_rope_scaling(self.config.rope_base, scale, orig_len)
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW, decay on 2-D weights (nanoGPT's); norms, biases and PoPE's delta (a phase) never decayed."""
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):  # delta is not decayed
         groups = [{"params": [], "weight_decay": weight_decay}, {"params": [], "weight_decay": 0.0}]
         for n, p in self.named_parameters():
             if p.requires_grad:
                 groups[p.dim() < 2 or n.endswith("attn.delta")]["params"].append(p)
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda" or None)
 
-    def flops_per_token(self, T=None):
-        """Training FLOPs per token, nanoGPT's count: 6N plus the attention matmuls (PoPE's QK^T over 2D)."""
+    def flops_per_token(self, T=None):  # nanoGPT's count: 6N + the attention matmuls (PoPE's QK^T over 2D)
         cfg = self.config
         L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, T or cfg.block_size
         return 6 * self.get_num_params() + 6 * L * H * ((2 if cfg.pos_emb == "pope" else 1) * Q + Q) * T
@@ -417,7 +392,6 @@ class GPT(nn.Module):
             times.update(prefill=t1 - t0, capture=t2 - t1, decode=clock() - t2)
         return out
 
-
 def sample_next(logits, temperature=1.0, top_k=None, vocab_size=None):
     """One id per row of logits (B, V), < vocab_size; greedy at temperature 0. Gumbel-max (no host sync)."""
     logits = logits[:, :vocab_size]  # a view: the ids past vocab_size (padding rows) are never drawn
@@ -429,7 +403,6 @@ def sample_next(logits, temperature=1.0, top_k=None, vocab_size=None):
     log_e = torch.empty(logits.shape, device=logits.device).exponential_().clamp_(min=1e-30).log_()
     i = torch.add(logits, log_e, alpha=-temperature).argmax(dim=-1, keepdim=True)  # (T times the draw)
     return i if ids is None else ids.gather(-1, i)
-
 
 def cuda_graph(fn, state=(), compile=False, warmup=1):
     """fn() (compiled first with compile) as one CUDA graph: (replay, fn's output in the capture). The warm-up
@@ -443,21 +416,18 @@ def cuda_graph(fn, state=(), compile=False, warmup=1):
         for _ in range(warmup):
             fn()
     torch.cuda.current_stream().wait_stream(side)
-    with torch.no_grad():
-        for t, s in zip(state, saved):
-            t.copy_(s)
+    for t, s in zip(state, saved):
+        t.detach().copy_(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = fn()
     return graph.replay, out
-
 
 # -----------------------------------------------------------------------------
 # checkpoints: the one reader (train.py's resume and fine-tune, sample.py, the eval scripts)
 
 class CheckpointError(ValueError):
     """The file is not an intact train.py checkpoint; the message is one line, naming the file."""
-
 
 def read_checkpoint(path, device="cpu"):
     """A train.py checkpoint's dict (weights_only=True). CheckpointError: missing, damaged (the zip's
@@ -480,7 +450,6 @@ def read_checkpoint(path, device="cpu"):
     if bad := [k for k, v in ckpt["model"].items() if not torch.isfinite(v).all()]:
         raise CheckpointError(f"{path} has NaN or inf weights ({bad[0]}, {len(bad) - 1} more): it diverged")
     return ckpt
-
 
 def load_checkpoint(path, device="cpu", **overrides):
     """(model in eval mode, checkpoint dict) from read_checkpoint; overrides replace GPTConfig fields."""
