@@ -42,13 +42,11 @@ class GPTConfig:
                                   pope_delta_bound=("wrap", "clamp", "project")).items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        D = self.n_embd // max(self.n_head, 1)
-        if self.n_head < 1 or D * self.n_head != self.n_embd or self.pos_emb == "rope" and D % 2:
+        if self.n_embd % self.n_head or self.pos_emb == "rope" and self.n_embd // self.n_head % 2:
             raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} (even for RoPE)")
         if self.rope_scaling < 1.0 or self.rope_scaling > 1.0 and self.pos_emb != "rope":
             raise ValueError(f"rope_scaling must be >= 1, 1 unless pos_emb='rope'; got {self.rope_scaling}")
 
-# -----------------------------------------------------------------------------
 # PoPE (Gopalakrishnan et al., arXiv 2509.10534). Per head of dim D, on the raw q/k projections:
 #     mu_q = softplus(q), mu_k = softplus(k)                     "what": content only
 #     theta_c = base^(-c/D), c = 0..D-1                          D frequencies (RoPE: D/2)
@@ -101,7 +99,6 @@ def pope_attention_torch(q, k, v, delta, *, causal=True, base=10000.0, q_offset=
     return F.scaled_dot_product_attention(qc, kc, v, attn_mask=mask, is_causal=causal and mask is None,
                                           scale=1.0 / math.sqrt(q.size(-1)))
 
-# -----------------------------------------------------------------------------
 # RoPE, with YaRN (Peng et al., arXiv 2309.00071) for longer contexts
 
 def yarn_inv_freq(head_dim, base, scale, orig_len, beta_fast=32.0, beta_slow=1.0):
@@ -129,7 +126,6 @@ def apply_rope(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos.to(x.dtype) + torch.cat([x2, x1], dim=-1) * sin.to(x.dtype)
 
-# -----------------------------------------------------------------------------
 # the model
 
 def use_pope_kernel(attn_impl, q, k, v, delta, *, compiled=None, decoding=False):
@@ -410,8 +406,7 @@ def cuda_graph(fn, state=(), compile=False, warmup=1):
     if compile:  # freezing folds the weights' casts once instead of running them at every step
         fn = torch.compile(fn, fullgraph=True, options={"freezing": True})
     saved = [t.detach().clone() for t in state]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
+    (side := torch.cuda.Stream()).wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(warmup):
             fn()
@@ -423,7 +418,6 @@ def cuda_graph(fn, state=(), compile=False, warmup=1):
         out = fn()
     return graph.replay, out
 
-# -----------------------------------------------------------------------------
 # checkpoints: the one reader (train.py's resume and fine-tune, sample.py, the eval scripts)
 
 class CheckpointError(ValueError):
@@ -444,8 +438,7 @@ def read_checkpoint(path, device="cpu"):
     except pickle.UnpicklingError:
         raise CheckpointError(f"{path} is refused: loading it would run code (train.py writes tensors and "
                               "plain types only)") from None
-    if not (isinstance(ckpt, dict) and isinstance(ckpt.get("model"), dict)
-            and isinstance(ckpt.get("model_args"), dict)):
+    if not (isinstance(ckpt, dict) and all(isinstance(ckpt.get(k), dict) for k in ("model", "model_args"))):
         raise CheckpointError(f"{path} is not a train.py checkpoint (a dict with 'model' and 'model_args')")
     if bad := [k for k, v in ckpt["model"].items() if not torch.isfinite(v).all()]:
         raise CheckpointError(f"{path} has NaN or inf weights ({bad[0]}, {len(bad) - 1} more): it diverged")
