@@ -13,8 +13,10 @@ from torch.nn import functional as F
 
 try:  # the kernels need Triton; without it the PyTorch path below runs everywhere
     import pope_kernel
+    from pope_kernel import kernel_unsupported_reason  # TODO(merge): only the old train.py imports it; drop
 except ImportError as e:
     pope_kernel, KERNEL_MISSING = None, f"Triton is not importable: {e}"
+    kernel_unsupported_reason = lambda *a: KERNEL_MISSING  # noqa: E731  TODO(merge): drop with the line above
 
 TWO_PI = 2.0 * math.pi
 
