@@ -77,45 +77,6 @@ def err(args):
     return script_error(ex.main, [*map(str, args), "--no_progress", "--device", "cpu"])
 
 
-# -----------------------------------------------------------------------------
-# YaRN
-
-def test_yarn_frequencies_hand_computed():
-    """Head dim 64, base 10000, train length 1024, s = 4, YaRN's published form (arXiv 2309.00071 and its
-    reference code): theta_i = 10000^(-2i/64); the pair index that makes b rotations over the original
-    context is d(b) = 64 ln(1024 / (2 pi b)) / (2 ln 10000); low = floor(d(32)), high = ceil(d(1));
-    gamma_i = clip((i - low) / (high - low), 0, 1), h_i = (1 - gamma_i) theta_i + gamma_i theta_i / 4."""
-    inv, mscale = yarn_inv_freq(64, 10000.0, 4.0, 1024)
-    assert inv.shape == (32,) and inv.dtype == torch.float32
-    # hand-computed values:
-    # d(32) = 64 ln(5.09297) / 18.42068 = 5.656 -> low = 5;  d(1) = 64 ln(162.975) / 18.42068 = 17.697 -> high = 18
-    # i = 0:  theta = 1,         gamma = 0     -> kept:        1.0
-    # i = 5:  theta = 0.237137,  gamma = 0     -> kept:        0.237137
-    # i = 6:  theta = 0.177828,  gamma = 1/13  -> h = 0.177828 * (1 - 0.75/13) = 0.167569
-    # i = 10: theta = 0.0562341, gamma = 5/13  -> h = 0.0562341 * (1 - 3.75/13) = 0.0400127
-    # i = 17: theta = 0.00749894, gamma = 12/13 -> h = 0.00749894 * (1 - 9/13) = 0.00230737
-    # i = 18: theta = 0.00562341, gamma = 1   -> theta / 4:    0.00140585
-    # i = 31: theta = 1.33352e-4              -> theta / 4:    3.33380e-5
-    hand = {0: 1.0, 5: 0.237137, 6: 0.167569, 10: 0.0400127, 17: 0.00230737, 18: 0.00140585, 31: 3.33380e-5}
-    for i, v in hand.items():
-        assert math.isclose(inv[i].item(), v, rel_tol=2e-5), (i, inv[i].item(), v)
-    assert math.isclose(mscale, 0.1 * math.log(4) + 1, rel_tol=1e-12)
-    assert math.isclose(mscale, 1.1386294, rel_tol=1e-7)
-    # every frequency against the formula, written out independently
-    d = [64 * math.log(1024 / (2 * math.pi * b)) / (2 * math.log(10000)) for b in (32, 1)]
-    low, high = math.floor(d[0]), math.ceil(d[1])
-    assert (low, high) == (5, 18)
-    for i in range(32):
-        th = 10000.0 ** (-2 * i / 64)
-        g = min(max((i - low) / (high - low), 0.0), 1.0)
-        assert math.isclose(inv[i].item(), (1 - g) * th + g * th / 4, rel_tol=1e-6)
-    # the three regimes: high frequencies kept, low ones divided by s, a ramp between
-    th = 10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64)
-    ratio = (inv.double() / th).tolist()
-    assert all(abs(x - 1) < 1e-6 for x in ratio[:6]) and all(abs(x - 0.25) < 1e-6 for x in ratio[18:])
-    assert all(0.25 < x < 1 for x in ratio[6:18]) and ratio[6:18] == sorted(ratio[6:18], reverse=True)
-
-
 def test_yarn_in_the_model_scale_and_temperature():
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=1, n_head=2, n_embd=128, block_size=1024, vocab_size=64, pos_emb="rope")
@@ -165,9 +126,6 @@ def test_yarn_scale_rule_plain_rope(env, tmp_path):
                       "--yarn", "--yarn_only"], tmp_path)
     assert list(js["models"]) == ["out-rope+YaRN"]
 
-
-# -----------------------------------------------------------------------------
-# outputs
 
 def test_json_has_every_length_and_consistent_buckets(env, tmp_path, capsys):
     res, js = run_eval(["--ckpt", env.ckpts["pope"], env.ckpts["rope"], "--data", env.val,
@@ -375,9 +333,6 @@ def test_labels_and_nope_checkpoint_built_in_test(env, tmp_path):
     assert all(math.isfinite(r["nll"]) for r in js["models"]["NoPE"]["results"].values())
 
 
-# -----------------------------------------------------------------------------
-# data sources
-
 def test_txt_and_jsonl_match_bin(env, tmp_path):
     text = "".join(env.itos[i] for i in env.val_ids)
     txt = tmp_path / "val.txt"
@@ -433,9 +388,6 @@ def test_hf_source_through_datasets(env, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
     assert "deepmind/pg19" in err(["--ckpt", env.ckpts["pope"], "--data", "hf:pg19", "--lengths", "32"])
 
-
-# -----------------------------------------------------------------------------
-# errors: one line, exit status 2, naming the file or option at fault, nothing written
 
 def test_clear_errors(env, tmp_path, monkeypatch):
     ck, val = env.ckpts["pope"], env.val
@@ -567,9 +519,6 @@ def test_text_for_a_vocabulary_of_multi_character_tokens_asks_for_its_bin(tmp_pa
         assert f"data/{ds}/val.bin" in err(["--ckpt", tmp_path / name, "--data", tmp_path / "t.txt",
                                             "--lengths", "16"])
 
-
-# -----------------------------------------------------------------------------
-# the fine-tuning config (config/finetune_long.py), through train.py
 
 def finetune(env, tmp_path, source, out_name, *extra):
     """train.py config/finetune_long.py for 3 steps at context 128 from the tiny <source>
