@@ -18,8 +18,6 @@ except ImportError as e:
     pope_kernel, KERNEL_MISSING = None, f"Triton is not importable: {e}"
     kernel_unsupported_reason = lambda *a: KERNEL_MISSING  # noqa: E731  TODO(merge): drop with the line above
 
-TWO_PI = 2.0 * math.pi
-
 @dataclass
 class GPTConfig:
     block_size: int = 1024
@@ -73,8 +71,8 @@ def pope_frequencies(D, base=10000.0, device=None, dtype=torch.float32):
 def pope_delta(delta, bound="wrap"):
     """delta in [-2pi, 0]: "wrap" (mod 2pi), "clamp", "project" (+ GPT.project_delta_); RESULTS.md sec. 7"""
     if bound == "wrap":
-        return delta - TWO_PI * torch.ceil(delta.detach() / TWO_PI)
-    return torch.clamp(delta, -TWO_PI, 0.0)
+        return delta - math.tau * torch.ceil(delta.detach() / math.tau)
+    return torch.clamp(delta, -math.tau, 0.0)
 
 def pope_cos_sin(positions, theta, delta=None):
     """cos, sin of phi = t*theta (queries: (T, 2, D)) or s*theta + delta (keys: (H, T, 2, D))"""
@@ -283,13 +281,13 @@ class GPT(nn.Module):
             if pn.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
             if pn.endswith("attn.delta") and config.pope_delta_init == "uniform":
-                torch.nn.init.uniform_(p, -TWO_PI, 0.0)
+                torch.nn.init.uniform_(p, -math.tau, 0.0)
 
     @torch.no_grad()
     def project_delta_(self):  # pope_delta_bound="project": train.py clamps delta after every step
         if self.config.pos_emb == "pope" and self.config.pope_delta_bound == "project":
             for block in self.transformer.h:
-                block.attn.delta.clamp_(-TWO_PI, 0.0)
+                block.attn.delta.clamp_(-math.tau, 0.0)
 
     def cast_weights_(self, dtype):  # for decoding without autocast; delta and the frequencies stay float32
         for m in self.modules():
