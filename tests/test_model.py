@@ -55,8 +55,7 @@ def test_delta_from_zero_init_keeps_learning(bound):
     """20 AdamW steps of a tiny PoPE model from zero init: wrap (the default) and project keep a gradient on
     every entry of delta at every step; the clamp does not (AdamW's first steps push entries above 0, where
     its gradient is 0). The delta the attention uses stays in [-2pi, 0] for all three."""
-    seed = 0
-    torch.manual_seed(seed)
+    torch.manual_seed(seed := 0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=37, pos_emb="pope",
                           pope_delta_init="zero", pope_delta_bound=bound, attn_impl="torch"))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
