@@ -173,27 +173,6 @@ def test_scored_tokens_are_the_documented_windows(env, tmp_path):
     assert abs(js["models"]["out-pope"]["results"][str(L)]["nll"] - loss.item()) < 1e-5
 
 
-def test_default_lengths_are_block_size_times_1_to_10(env, tmp_path):
-    _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", env.val, "--max_tokens", str(10 * BLOCK)], tmp_path)
-    assert js["lengths"] == [BLOCK * k for k in range(1, 11)]
-    m = js["models"]["out-pope"]
-    # lcm(32 x 1..10) = 80640 > 320, yet every length scores the same 320 tokens: the lengths that do not divide
-    # 320 end in one shorter window
-    assert m["max_tokens"] == 320
-    res = [m["results"][str(BLOCK * k)] for k in range(1, 11)]
-    assert [r["tokens"] for r in res] == [320] * 10
-    assert [(r["windows"], r["short_window"]) for r in res] == [divmod(320, 32 * k) for k in range(1, 11)]
-    assert js["bucket_size"] == BLOCK and len(m["results"]["320"]["buckets"]) == 10
-
-
-def test_default_budget_uses_every_whole_longest_window(env, tmp_path):
-    _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", env.val, "--lengths", "64,320"], tmp_path)
-    n = len(env.val_ids)
-    m = js["models"]["out-pope"]
-    assert m["tokens_available"] == n and m["max_tokens"] == (n - 1) // 320 * 320
-    assert m["results"]["320"]["tokens"] == m["max_tokens"] == m["results"]["64"]["tokens"]
-
-
 def window_nll64(model, ids, L, B):
     """Per-token NLL of the documented windows at length L over targets t_1 .. t_B, in float64 from the formula
     logsumexp(z) - z_target: a list of (position in the window, nll) per scored token."""
@@ -209,44 +188,36 @@ def window_nll64(model, ids, L, B):
     return out
 
 
-def test_same_tokens_at_every_length_with_a_short_last_window(env, tmp_path):
-    """96 and 160 do not divide each other, and lcm(96, 160) = 480 is not needed: the budget is the largest multiple
-    of 160 in the data, and at 96 the last window is shorter, so both lengths score exactly t_1 .. t_B (the
-    rule before scored 19776 vs 19840 tokens; the one before that, a multiple of the lcm, left 160 tokens out)."""
-    _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", env.val, "--lengths", "160,96"], tmp_path)
-    n = len(env.val_ids)
-    B = (n - 1) // 160 * 160
-    assert B == 19840 and B % 96 == 64
-    m = js["models"]["out-pope"]
-    assert m["max_tokens"] == B
-    assert [(m["results"][L]["tokens"], m["results"][L]["windows"], m["results"][L]["short_window"])
-            for L in ("96", "160")] == [(B, 206, 64), (B, 124, 0)]
-    # the same NLL as the documented windows, computed here in float64
-    model, _ = load_checkpoint(env.ckpts["pope"], device="cpu")
-    ids = torch.from_numpy(env.val_ids[:B + 1].astype(np.int64))
-    for L in (96, 160):
-        ref = window_nll64(model, ids, L, B)
-        assert len(ref) == B
-        assert abs(m["results"][str(L)]["nll"] - sum(v for _, v in ref) / B) < 1e-5
-
-
-def test_explicit_cap_is_floored_to_the_longest_length(env, tmp_path):
-    # a cap of 400 with lengths 96 and 160: B = 320 at both; 96 scores 3 windows and one of 32
-    _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", env.val, "--lengths", "96,160",
-                      "--max_tokens", "400"], tmp_path)
-    m = js["models"]["out-pope"]
-    assert m["max_tokens"] == 320
-    assert [(m["results"][L]["tokens"], m["results"][L]["short_window"]) for L in ("96", "160")] == [(320, 32),
-                                                                                                    (320, 0)]
-    # data of 400 tokens, no cap given: the largest multiple of the longest length below the 399 targets
-    ddir = tmp_path / "short"
-    ddir.mkdir()
-    (ddir / "meta.json").write_text(json.dumps(env.meta))
-    env.val_ids[:400].tofile(ddir / "val.bin")
-    _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", str(ddir / "val.bin"), "--lengths", "96,160"],
-                     tmp_path, "short.json")
-    m = js["models"]["out-pope"]
-    assert m["max_tokens"] == 320 and [m["results"][L]["tokens"] for L in ("96", "160")] == [320, 320]
+@pytest.mark.parametrize("lengths, cap, short", [(None, 320, False), ("64,320", None, False),
+                                               ("160,96", None, False), ("96,160", 400, False), ("96,160", None, True)])
+def test_every_length_scores_the_same_tokens(env, tmp_path, lengths, cap, short):
+    """B, the scored tokens: the largest multiple of the longest length within the cap and the data's targets
+    (a 400-token file: 320); every length scores t_1 .. t_B, one that does not divide B ending in a shorter
+    window (no least common multiple needed); the default lengths are the block size x 1..10. At 96 and 160
+    the NLL equals the documented windows' computed here in float64."""
+    data = env.val
+    if short:
+        (tmp_path / "short").mkdir()
+        (tmp_path / "short" / "meta.json").write_text(json.dumps(env.meta))
+        env.val_ids[:400].tofile(data := tmp_path / "short" / "val.bin")
+    args = ["--ckpt", env.ckpts["pope"], "--data", data] + (["--lengths", lengths] if lengths else []) + \
+        (["--max_tokens", str(cap)] if cap else [])
+    _, js = run_eval([*map(str, args)], tmp_path)
+    m, Ls = js["models"]["out-pope"], sorted(int(x) for x in lengths.split(",")) if lengths else None
+    Ls = Ls or [BLOCK * k for k in range(1, 11)]
+    n = 400 if short else len(env.val_ids)
+    B = min(cap or n, n - 1) // max(Ls) * max(Ls)
+    assert js["lengths"] == Ls and js["bucket_size"] == BLOCK and m["tokens_available"] == n
+    assert m["max_tokens"] == B and B == {(None, 320): 320, ("160,96", None): 19840}.get((lengths, cap), B)
+    for L in Ls:
+        r = m["results"][str(L)]
+        assert (r["tokens"], r["windows"], r["short_window"]) == (B, *divmod(B, L)), (L, r)
+    if lengths == "160,96":
+        model, _ = load_checkpoint(env.ckpts["pope"], device="cpu")
+        ids = torch.from_numpy(env.val_ids[:B + 1].astype(np.int64))
+        for L in (96, 160):
+            ref = window_nll64(model, ids, L, B)
+            assert len(ref) == B and abs(m["results"][str(L)]["nll"] - sum(v for _, v in ref) / B) < 1e-5
 
 
 @pytest.mark.parametrize("pe", ["pope", "rope"])
