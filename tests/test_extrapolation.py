@@ -174,8 +174,8 @@ def test_scored_tokens_are_the_documented_windows(env, tmp_path):
 
 
 def window_nll64(model, ids, L, B):
-    """Per-token NLL of the documented windows at length L over targets t_1 .. t_B, in float64 from the formula
-    logsumexp(z) - z_target: a list of (position in the window, nll) per scored token."""
+    """Per-token NLL of the documented windows at length L over targets t_1 .. t_B, in float64 from the
+    formula logsumexp(z) - z_target: a list of (position in the window, nll) per scored token."""
     out = []
     for a in range(0, B, L):
         T = min(L, B - a)
@@ -222,8 +222,8 @@ def test_every_length_scores_the_same_tokens(env, tmp_path, lengths, cap, short)
 
 @pytest.mark.parametrize("pe", ["pope", "rope"])
 def test_position_buckets_against_a_float64_reference(env, tmp_path, pe):
-    """The mean NLL per position bucket at every length, against per-token NLLs computed here in float64 from the
-    documented windows: a random stretch of the val stream (seeded), lengths 48 and 80 (48 ends in a short
+    """The mean NLL per position bucket at every length, against per-token NLLs computed here in float64 from
+    the documented windows: a random stretch of the val stream (seeded), lengths 48 and 80 (48 ends in a short
     window of 16), buckets of 20 (the last bucket of 48 is 8 positions)."""
     seed = 1234
     rng = np.random.default_rng(seed)
@@ -425,9 +425,9 @@ READER_META = {"vocab_size": 4, "dtype": "uint16", "tokenizer": "itos", "itos": 
     ("val.jsonl", {}, b'{"text": 3}', "val.jsonl:1"),
 ])
 def test_read_tokens_refuses_bad_input(tmp_path, name, meta, data, named):
-    """prepare.common.read_tokens, the eval scripts' reader: each bad file is a PrepareError of one line naming
-    the file, where numpy read floats, memmapped a cut file or read the wrong ids before; the good file reads
-    as written."""
+    """prepare.common.read_tokens, the eval scripts' reader: each bad file is a PrepareError of one line
+    naming the file, where numpy read floats, memmapped a cut file or read the wrong ids before; the good file
+    reads as written."""
     d = tmp_path / "ds"
     d.mkdir()
     ids = np.arange(100, dtype=np.uint16) % 4

@@ -88,7 +88,8 @@ def test_shapes_and_frequency_order(data, tmp_path, pe, extra):
 
 
 def planted(pe, seed, channel):
-    """q/k projections that ignore the input (weights 0) and put everything into one channel through the bias."""
+    """q/k projections that ignore the input (weights 0) and put everything into one channel through the
+    bias."""
     model = tiny(seed, pos_emb=pe, bias=True)
     C, D, g = 16, 8, torch.Generator().manual_seed(seed)
     with torch.no_grad():
