@@ -21,7 +21,8 @@ from model import GPT, GPTConfig, load_checkpoint, yarn_inv_freq  # noqa: E402
 from prepare.common import PrepareError, codec, read_tokens  # noqa: E402
 
 BLOCK = 32
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", f"--block_size={BLOCK}", "--device=cpu", "--compile=False"]
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", f"--block_size={BLOCK}", "--device=cpu",
+        "--compile=False"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -56,8 +57,9 @@ def env(tmp_path_factory, shared_data):
     ckpts = {}
     for pe in ("pope", "rope"):
         out = root / f"out-{pe}"
-        run_train(["--dataset=shk", f"--data_dir={root / 'data'}", f"--out_dir={out}", f"--pos_emb={pe}", *TINY,
-                   "--batch_size=8", "--gradient_accumulation_steps=1", "--max_iters=40", "--eval_interval=40",
+        run_train(["--dataset=shk", f"--data_dir={root / 'data'}", f"--out_dir={out}", f"--pos_emb={pe}",
+                   *TINY, "--batch_size=8", "--gradient_accumulation_steps=1", "--max_iters=40",
+                   "--eval_interval=40",
                    "--eval_iters=2", "--log_interval=100", "--warmup_iters=5", "--lr_decay_iters=40",
                    "--learning_rate=3e-3"], cwd=root)
         ckpts[pe] = str(out / "ckpt.pt")
@@ -92,7 +94,8 @@ def test_yarn_in_the_model_scale_and_temperature():
 
 def test_yarn_at_s1_is_plain_rope(env, tmp_path):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, pos_emb="rope")).eval()
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64,
+                          pos_emb="rope")).eval()
     x = torch.randint(0, 64, (2, 48))
     with torch.no_grad():
         a, _ = model(x, x)
@@ -108,7 +111,8 @@ def test_yarn_at_s1_is_plain_rope(env, tmp_path):
     for L in ("32", "64", "96"):
         assert plain["results"][L]["nll"] == yarn["results"][L]["nll"]
         assert yarn["results"][L]["rope_scaling"] == 1.0
-    assert [b["nll"] for b in plain["results"]["96"]["buckets"]] == [b["nll"] for b in yarn["results"]["96"]["buckets"]]
+    assert [b["nll"] for b in plain["results"]["96"]["buckets"]] == \
+        [b["nll"] for b in yarn["results"]["96"]["buckets"]]
 
 
 def test_yarn_scale_rule_plain_rope(env, tmp_path):
@@ -131,7 +135,7 @@ def test_json_has_every_length_and_consistent_buckets(env, tmp_path, capsys):
     res, js = run_eval(["--ckpt", env.ckpts["pope"], env.ckpts["rope"], "--data", env.val,
                         "--lengths", "96, 16,48,16", "--max_tokens", "1000", "--bucket_size", "20"], tmp_path)
     out = capsys.readouterr().out
-    for m in js["models"].values():  # the table's last row: the longest length's perplexity against the shortest's
+    for m in js["models"].values():  # the table's last row: the longest length's ppl against the shortest's
         change = 100 * (m["results"]["96"]["ppl"] / m["results"]["16"]["ppl"] - 1)
         assert m["ppl_change_pct"] == pytest.approx(change, rel=1e-12)
     row = next(line for line in out.splitlines() if line.strip().startswith("96 vs 16"))
@@ -139,15 +143,17 @@ def test_json_has_every_length_and_consistent_buckets(env, tmp_path, capsys):
     assert js["lengths"] == [16, 48, 96]
     assert set(js["models"]) == {"out-pope", "out-rope"}
     for m in js["models"].values():
-        assert m["max_tokens"] == 960  # the largest multiple of 96 <= 1000: every length scores the same tokens
+        assert m["max_tokens"] == 960  # the largest multiple of 96 <= 1000: every length scores these
         assert set(m["results"]) == {"16", "48", "96"}
         for L in (16, 48, 96):
             r = m["results"][str(L)]
-            assert r["length"] == L and r["windows"] == 960 // L and r["short_window"] == 0 and r["tokens"] == 960
+            assert (r["length"], r["windows"], r["short_window"], r["tokens"]) == (L, 960 // L, 0, 960)
             assert 0 < r["nll"] < 10 and math.isclose(r["ppl"], math.exp(r["nll"]))
             # buckets of 20 positions at every length, the last one cut at L; together the length's tokens
-            assert [(b["start"], b["end"]) for b in r["buckets"]] == [(a, min(a + 20, L)) for a in range(0, L, 20)]
-            assert [b["tokens"] for b in r["buckets"]] == [960 // L * (b["end"] - b["start"]) for b in r["buckets"]]
+            assert [(b["start"], b["end"]) for b in r["buckets"]] == [(a, min(a + 20, L))
+                                                                      for a in range(0, L, 20)]
+            assert [b["tokens"] for b in r["buckets"]] == [960 // L * (b["end"] - b["start"])
+                                                           for b in r["buckets"]]
             mean = sum(b["nll"] * b["tokens"] for b in r["buckets"]) / r["tokens"]
             assert math.isclose(mean, r["nll"], rel_tol=1e-9)
         # the table on stdout shows the same numbers
@@ -189,7 +195,8 @@ def window_nll64(model, ids, L, B):
 
 
 @pytest.mark.parametrize("lengths, cap, short", [(None, 320, False), ("64,320", None, False),
-                                               ("160,96", None, False), ("96,160", 400, False), ("96,160", None, True)])
+                                               ("160,96", None, False), ("96,160", 400, False),
+                                               ("96,160", None, True)])
 def test_every_length_scores_the_same_tokens(env, tmp_path, lengths, cap, short):
     """B, the scored tokens: the largest multiple of the longest length within the cap and the data's targets
     (a 400-token file: 320); every length scores t_1 .. t_B, one that does not divide B ending in a shorter
@@ -349,7 +356,8 @@ def test_hf_source_through_datasets(env, tmp_path, monkeypatch):
         calls.append((repo, split, streaming))
         return [{"text": text[:1500]}, {"text": text[1500:]}]
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", "hf:pg19", "--lengths", "32", "--max_tokens", "256"],
+    _, js = run_eval(["--ckpt", env.ckpts["pope"], "--data", "hf:pg19", "--lengths", "32",
+                      "--max_tokens", "256"],
                      tmp_path)
     assert calls == [("deepmind/pg19", "test", True)]
     assert js["models"]["out-pope"]["results"]["32"]["tokens"] == 256
@@ -383,8 +391,10 @@ def test_clear_errors(env, tmp_path, monkeypatch):
                         (["--ckpt", ck, "--data", val, "--lengths", "0,32"], "--lengths"),
                         (["--ckpt", ck, "--data", val, "--lengths", "1k"], "--lengths"),
                         (["--ckpt", ck, "--data", ddir / "val.bin"], str(ddir / "val.bin")),
-                        (["--ckpt", ck, "--data", val, "--lengths", "64", "--max_tokens", "10"], "--max_tokens"),
-                        (["--ckpt", ck, "--data", val, "--lengths", "64", "--max_tokens", "20000"], "--max_tokens"),
+                        (["--ckpt", ck, "--data", val, "--lengths", "64", "--max_tokens", "10"],
+                         "--max_tokens"),
+                        (["--ckpt", ck, "--data", val, "--lengths", "64", "--max_tokens", "20000"],
+                         "--max_tokens"),
                         (["--ckpt", ck, "--data", tmp_path / "lone" / "x.bin"], "meta.json"),
                         (["--ckpt", tmp_path / "junk.pt", "--data", val], str(tmp_path / "junk.pt")),
                         (["--ckpt", ck, "--data", tmp_path / "gpt2" / "val.bin"], str(tmp_path / "gpt2")),
@@ -395,18 +405,20 @@ def test_clear_errors(env, tmp_path, monkeypatch):
     assert "datasets" in err(["--ckpt", ck, "--data", "hf:pg19"])
 
 
-@pytest.mark.parametrize("meta", ["{not json", "[1, 2]", {"dtype": "uint1x"}, {"dtype": 16}, {"dtype": "float32"}])
+@pytest.mark.parametrize("meta", ["{not json", "[1, 2]", {"dtype": "uint1x"}, {"dtype": 16},
+                                  {"dtype": "float32"}])
 def test_bad_meta_json_beside_the_bin_is_one_line(env, tmp_path, meta):
     """Raw JSONDecodeError / TypeError tracebacks before; float32 read the ids as floats."""
     d = tmp_path / "ds"
     d.mkdir()
     env.val_ids.tofile(d / "val.bin")
     (d / "meta.json").write_text(meta if isinstance(meta, str) else json.dumps({**env.meta, **meta}))
-    assert str(d / "meta.json") in err(["--ckpt", env.ckpts["pope"], "--data", d / "val.bin", "--lengths", "32"])
+    args = ["--ckpt", env.ckpts["pope"], "--data", d / "val.bin", "--lengths", "32"]
+    assert str(d / "meta.json") in err(args)
 
 
-READER_META = {"vocab_size": 4, "dtype": "uint16", "tokenizer": "itos", "itos": list("ab\nc"), "tokens": {"val": 100},
-               "prepare": "python prepare/x.py"}
+READER_META = {"vocab_size": 4, "dtype": "uint16", "tokenizer": "itos", "itos": list("ab\nc"),
+               "tokens": {"val": 100}, "prepare": "python prepare/x.py"}
 
 
 @pytest.mark.parametrize("name, meta, data, named", [
@@ -499,7 +511,8 @@ def finetune(env, tmp_path, source, out_name, *extra):
     run_train([os.path.join(ROOT, "config", "finetune_long.py"), f"--init_from={env.ckpts[source]}",
                "--dataset=shk", f"--data_dir={env.root / 'data'}", f"--out_dir={out}", "--device=cpu",
                "--block_size=128", "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=3",
-               "--warmup_iters=1", "--lr_decay_iters=4", "--min_lr=0.0", "--log_interval=1", "--eval_interval=3",
+               "--warmup_iters=1", "--lr_decay_iters=4", "--min_lr=0.0", "--log_interval=1",
+               "--eval_interval=3",
                "--eval_iters=1", *extra], cwd=tmp_path)
     with open(out / "metrics.jsonl") as f:
         lrs = [r["lr"] for r in map(json.loads, f) if "lr" in r]

@@ -61,7 +61,8 @@ def err(args):
 
 
 @pytest.mark.parametrize("pe,extra", [("pope", dict(pope_base=500.0)), ("rope", {}),
-                                      ("rope", dict(rope_scaling=4.0, rope_scaling_orig_len=8)), ("none", {})])
+                                      ("rope", dict(rope_scaling=4.0, rope_scaling_orig_len=8)),
+                                      ("none", {})])
 def test_shapes_and_frequency_order(data, tmp_path, pe, extra):
     path = save(tiny(0, pos_emb=pe, **extra), tmp_path / "m.pt")
     js = run(["--ckpt", path, "--data", data, "--tokens", 256], tmp_path)
@@ -79,7 +80,8 @@ def test_shapes_and_frequency_order(data, tmp_path, pe, extra):
         np.testing.assert_allclose(freq, 500.0 ** (-np.arange(D) / D), rtol=1e-12)
     else:  # apply_rope pairs dim i with i + D/2; the model's inv_freq (YaRN's where set) is the frequency
         assert m["dims"] == [[i, i + D // 2] for i in range(C)]
-        ref = yarn_inv_freq(D, 10000.0, extra.get("rope_scaling", 1.0), extra.get("rope_scaling_orig_len", 16))[0]
+        ref = yarn_inv_freq(D, 10000.0, extra.get("rope_scaling", 1.0),
+                            extra.get("rope_scaling_orig_len", 16))[0]
         np.testing.assert_allclose(freq, ref.double().numpy(), rtol=1e-6)
     n_top = max(1, C // 4)
     assert m["top_quarter"] == n_top
@@ -108,13 +110,15 @@ def planted(pe, seed, channel):
 def test_planted_channel_carries_the_weight(data, tmp_path, pe, channel):
     seed = 10 + channel
     model = planted(pe, seed, channel)
-    m = run(["--ckpt", save(model, tmp_path / "m.pt"), "--data", data, "--tokens", 64], tmp_path)["models"]["m"]
+    m = run(["--ckpt", save(model, tmp_path / "m.pt"), "--data", data, "--tokens", 64],
+            tmp_path)["models"]["m"]
     share = np.array(m["share"])
     C = len(m["freq"])
     assert (share.argmax(1) == channel).all(), f"seed {seed}: {share}"
     np.testing.assert_allclose(share[:, channel], 1.0, atol=1e-10, err_msg=f"seed {seed}")
     in_top = channel < max(1, C // 4)
-    np.testing.assert_allclose(m["top_quarter_share"], 1.0 if in_top else 0.0, atol=1e-10, err_msg=f"seed {seed}")
+    np.testing.assert_allclose(m["top_quarter_share"], 1.0 if in_top else 0.0, atol=1e-10,
+                               err_msg=f"seed {seed}")
     b = model.transformer.h[1].attn.c_attn.bias.double()  # layer 1, head 1: its q and k magnitudes, by hand
     if pe == "pope":
         mq, mk = F.softplus(b[8 + channel]), F.softplus(b[16 + 8 + channel])
@@ -135,26 +139,29 @@ def test_magnitudes_and_weight_match_a_float64_reference(data, tmp_path, pe):
     with torch.no_grad():  # larger weights than the init, so that softplus is far from linear
         for block in model.transformer.h:
             block.attn.c_attn.weight.mul_(40.0)
-    m = run(["--ckpt", save(model, tmp_path / "m.pt"), "--data", data, "--tokens", 48], tmp_path)["models"]["m"]
+    m = run(["--ckpt", save(model, tmp_path / "m.pt"), "--data", data, "--tokens", 48],
+            tmp_path)["models"]["m"]
     idx = torch.from_numpy(np.fromfile(data, dtype=np.uint16)[:48].astype(np.int64)).view(3, 16)
     ref = copy.deepcopy(model).double().requires_grad_(False)
     x = ref.transformer.wte(idx)
     causal = torch.tril(torch.ones(16, 16, dtype=torch.float64))  # [t, s] = 1 where s <= t
     for layer, block in enumerate(ref.transformer.h):
         h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * block.ln_1.weight
-        q, k = (t.view(3, 16, 2, 8).transpose(1, 2) for t in (h @ block.attn.c_attn.weight[:32].T).split(16, -1))
+        qk = (h @ block.attn.c_attn.weight[:32].T).split(16, -1)
+        q, k = (t.view(3, 16, 2, 8).transpose(1, 2) for t in qk)
         if pe == "pope":
             mq, mk = F.softplus(q), F.softplus(k)
         else:
             mq, mk = torch.hypot(q[..., :4], q[..., 4:]), torch.hypot(k[..., :4], k[..., 4:])
         w = torch.einsum("bhtc,ts,bhsc->hc", mq, causal, mk) / (3 * causal.sum())
         for key, want in (("q_mag", mq.mean((0, 2))), ("k_mag", mk.mean((0, 2))), ("weight", w)):
-            np.testing.assert_allclose(m[key][layer], want.numpy(), rtol=2e-5, err_msg=f"seed {seed}, layer {layer}")
+            np.testing.assert_allclose(m[key][layer], want.numpy(), rtol=2e-5,
+                                       err_msg=f"seed {seed}, layer {layer}")
         x = block(x)  # the next layer's input
 
 
 @pytest.mark.parametrize("pe", ["pope", "rope"])
-def test_rows_are_read_a_window_per_row(tmp_path, pe, capsys):
+def test_rows_are_read_a_window_per_row(tmp_path, pe):
     """A split of fixed rows (row_len 10, as train.py reads indirect indexing) with a block size of 16:
     windows are the first 9 tokens of each row, so the numbers equal those of the same weights (block
     size 9) over those windows laid back to back; the stream read in 16-token windows would differ."""
@@ -166,10 +173,11 @@ def test_rows_are_read_a_window_per_row(tmp_path, pe, capsys):
         arr.tofile(d / "val.bin")
         (d / "meta.json").write_text(json.dumps(meta))
     model = tiny(3, pos_emb=pe)
-    got = run(["--ckpt", save(model, tmp_path / "m.pt"), "--data", rows / "val.bin", "--tokens", 60], tmp_path)
-    assert "across rows" not in capsys.readouterr().err  # (eval_extrapolation's note: it does run across rows)
+    got = run(["--ckpt", save(model, tmp_path / "m.pt"), "--data", rows / "val.bin", "--tokens", 60],
+              tmp_path)
     model.config.block_size = 9
-    want = run(["--ckpt", save(model, tmp_path / "w.pt"), "--data", flat / "val.bin", "--tokens", 54], tmp_path)
+    want = run(["--ckpt", save(model, tmp_path / "w.pt"), "--data", flat / "val.bin", "--tokens", 54],
+               tmp_path)
     g, w = got["models"]["m"], want["models"]["w"]
     assert (g["window"], g["tokens"]) == (w["window"], w["tokens"]) == (9, 54)
     for key in ("q_mag", "k_mag", "weight", "share"):
@@ -180,13 +188,15 @@ def test_text_data_matches_bin_and_table_matches_json(data, tmp_path, capsys):
     path = save(tiny(1, pos_emb="pope"), tmp_path / "m.pt")
     text = "".join(ITOS[i] for i in np.fromfile(data, dtype=np.uint16)[:160])
     (tmp_path / "t.txt").write_text(text)
-    (tmp_path / "t.jsonl").write_text(json.dumps({"text": text[:70]}) + "\n\n" + json.dumps({"text": text[70:]}))
+    docs = [json.dumps({"text": text[:70]}), json.dumps({"text": text[70:]})]
+    (tmp_path / "t.jsonl").write_text("\n\n".join(docs))
     ref = run(["--ckpt", path, "--data", data, "--tokens", 160], tmp_path)["models"]["m"]
     out = capsys.readouterr().out
     assert "  share " + "".join(f"{x:7.3f}" for x in ref["top_quarter_share"]) in out
-    assert run(["--ckpt", path, "--data", tmp_path / "t.txt", "--tokens", 160], tmp_path)["models"]["m"] == ref
-    # .jsonl documents end as in training ("\n\n" when the vocabulary has "\n"; this one has not): the same ids
-    assert run(["--ckpt", path, "--data", tmp_path / "t.jsonl", "--tokens", 160], tmp_path)["models"]["m"] == ref
+    # (.jsonl documents end as in training: "\n\n" when the vocabulary has "\n"; this one has not)
+    for name in ("t.txt", "t.jsonl"):
+        got = run(["--ckpt", path, "--data", tmp_path / name, "--tokens", 160], tmp_path)
+        assert got["models"]["m"] == ref
 
 
 def test_plot_and_json_paths_are_checked_before_the_measurement(data, tmp_path, monkeypatch):
@@ -194,7 +204,8 @@ def test_plot_and_json_paths_are_checked_before_the_measurement(data, tmp_path, 
     be written is refused before any model runs, naming the option."""
     path = save(tiny(0, pos_emb="pope"), tmp_path / "p.pt")
     path2 = save(tiny(0, pos_emb="rope"), tmp_path / "r.pt")
-    args = ["--ckpt", path, path2, "--labels", "P,R", "--data", data, "--tokens", 64, "--plot", tmp_path / "f.png"]
+    args = ["--ckpt", path, path2, "--labels", "P,R", "--data", data, "--tokens", 64,
+            "--plot", tmp_path / "f.png"]
     try:
         import matplotlib  # noqa: F401
         ef.main([*map(str, args), "--no_progress", "--device", "cpu"])
@@ -207,7 +218,7 @@ def test_plot_and_json_paths_are_checked_before_the_measurement(data, tmp_path, 
         assert option in err(["--ckpt", path, "--data", data, option, tmp_path / "file" / "x"])
 
 
-def test_default_tokens_use_a_smaller_file_whole(data, tmp_path, capsys, monkeypatch):
+def test_default_tokens_use_a_smaller_file_whole(data, tmp_path, monkeypatch):
     """Without --tokens: up to DEFAULT_TOKENS, a smaller file whole in whole windows; the same numbers as the
     explicit --tokens. Less than one window is an error naming the data file."""
     ck = save(tiny(2, pos_emb="rope"), tmp_path / "m.pt")
@@ -221,7 +232,8 @@ def test_default_tokens_use_a_smaller_file_whole(data, tmp_path, capsys, monkeyp
     (tmp_path / "short").mkdir()
     np.fromfile(data, dtype=np.uint16)[:15].tofile(tmp_path / "short" / "val.bin")
     (tmp_path / "short" / "meta.json").write_text(json.dumps(META))
-    assert str(tmp_path / "short" / "val.bin") in err(["--ckpt", ck, "--data", tmp_path / "short" / "val.bin"])
+    short = tmp_path / "short" / "val.bin"
+    assert str(short) in err(["--ckpt", ck, "--data", short])
 
 
 def test_the_checkpoints_attn_impl_is_kept_unless_asked(data, tmp_path, monkeypatch):
