@@ -100,11 +100,13 @@ def test_loglikelihood_matches_direct_float64(tiny):
     _, model, encode = tiny
     model64 = copy.deepcopy(model).double()
     long_ctx = "The quick brown fox jumps over the lazy dog near the river bank. " * 4
-    reqs = [("The cat sat on", " the mat"), ("Question: why?\nAnswer:", " because it is."), ("", " Hello world"),
-            ("Trailing space ", "moves"), (long_ctx, " and then it slept for a very long while."),
+    reqs = [("The cat sat on", " the mat"), ("Question: why?\nAnswer:", " because it is."),
+            ("", " Hello world"), ("Trailing space ", "moves"),
+            (long_ctx, " and then it slept for a very long while."),
             ("One", " two three four five six seven eight nine ten")]
     lm = ed.make_lm(model, encode, batch_size=3)  # batches mix lengths: right padding must not matter
-    got = lm.loglikelihood([Instance("loglikelihood", {}, r, i) for i, r in enumerate(reqs)], disable_tqdm=True)
+    got = lm.loglikelihood([Instance("loglikelihood", {}, r, i) for i, r in enumerate(reqs)],
+                           disable_tqdm=True)
     assert len(encode(long_ctx)) > T + 1  # the long one is cut on the left
     for (ctx, cont), (ll, greedy) in zip(reqs, got):
         ref_ll, ref_greedy = direct(model64, *harness_encode(encode, ctx, cont))
@@ -127,8 +129,8 @@ def test_loglikelihood_rolling_matches_direct(tiny):
     model64 = copy.deepcopy(model).double()
     texts = ["A short text.", " ".join(f"word{i}" for i in range(40))]
     lm = ed.make_lm(model, encode, batch_size=2)
-    got = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (s,), i) for i, s in enumerate(texts)],
-                                   disable_tqdm=True)
+    got = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (s,), i)
+                                    for i, s in enumerate(texts)], disable_tqdm=True)
     for text, ll in zip(texts, got):
         toks = encode(text)
         full = [EOT] + toks  # disjoint chunks of T predicted tokens, each with as much left context as fits
@@ -159,21 +161,24 @@ def test_local_data_through_the_harness_tasks(shared_data):
     tm = ed.task_manager(list(ed.TASKS), evals, limit=2)
     r = requests_of(tm, "local_piqa", 2)["piqa"]
     assert r[0] == ("Question: How do I ready a guinea pig cage for it's new occupants?\nAnswer:",
-                    " Provide the guinea pig with a cage full of a few inches of bedding made of ripped paper "
-                    "strips, you will also need to supply it with a water bottle and a food dish.")
+                    " Provide the guinea pig with a cage full of a few inches of bedding made of ripped "
+                    "paper strips, you will also need to supply it with a water bottle and a food dish.")
     assert r[2:] == [("Question: dresser\nAnswer:", " replace drawer with bobby pin"),
                      ("Question: dresser\nAnswer:", " finish, woodgrain with  bobby pin")]
     r = requests_of(tm, "local_arc_easy", 1)["arc_easy"]
-    q = "Question: Which statement best explains why photosynthesis is the foundation of most food webs?\nAnswer:"
+    q = ("Question: Which statement best explains why photosynthesis is the foundation of most food webs?"
+         "\nAnswer:")
     assert [c for c, _ in r] == [q] * 4 and r[3][1] == " The producers in all ecosystems are plants."
     r = requests_of(tm, "local_lambada_openai", 2)["lambada_openai"]
     assert r[1][1] == " Shane" and r[1][0].endswith("\"I can make it there on my own,")
     r = requests_of(tm, "local_hellaswag", 2)["hellaswag"]  # ctx_b capitalised, as from the HF rows
-    assert r[0] == ("Roof shingle removal: A man is sitting on a roof. He", " is using wrap to wrap a pair of skis.")
+    assert r[0] == ("Roof shingle removal: A man is sitting on a roof. He",
+                    " is using wrap to wrap a pair of skis.")
     assert r[4][0] == "Clean and jerk: A lady walks to a barbell. She bends down and grabs the pole. The lady"
     r = requests_of(tm, "local_blimp", 1)
-    assert len(r) == 67 and r["blimp_adjunct_island"] == [("", " Who should Derek hug after shocking Richard?"),
-                                                         ("", " Who should Derek hug Richard after shocking?")]
+    assert len(r) == 67 and r["blimp_adjunct_island"] == [
+        ("", " Who should Derek hug after shocking Richard?"),
+        ("", " Who should Derek hug Richard after shocking?")]
     assert len(lambada(evals)["test"]) == 5153 and len(arc(evals)["test"]) == 2376
     assert sorted(piqa(evals)["validation"]["label"]).count(1) == 928
     hs = hellaswag(evals)["validation"]
@@ -183,8 +188,8 @@ def test_local_data_through_the_harness_tasks(shared_data):
     assert len(set(hs["activity_label"])) == 192 and sum(1 for b in hs["ctx_b"] if b) == 3246
 
 
-CBT_STORY = ["With almost everything else to make them happy , they wanted one thing : they had no children ."] + [
-    f"Sentence number {i} is `` here '' , is n't it ?" for i in range(2, 21)]
+CBT_STORY = ["With almost everything else to make them happy , they wanted one thing : they had no "
+             "children ."] + [f"Sentence number {i} is `` here '' , is n't it ?" for i in range(2, 21)]
 
 
 def write_cbt(folder, sub):
@@ -201,7 +206,8 @@ def test_cbt_task(tmp_path):
     tm = ed.task_manager(["cbt"], str(tmp_path))
     r = requests_of(tm, "local_cbt", 1)
     assert sorted(r) == ["cbt_cn", "cbt_ne"]
-    story = "With almost everything else to make them happy, they wanted one thing: they had no children. " + \
+    story = "With almost everything else to make them happy, they wanted one thing: they had no " \
+        "children. " + \
         " ".join(f'Sentence number {i} is "here", isn\'t it?' for i in range(2, 21))
     assert r["cbt_cn"] == [(story + ' "Oh, ', f'{c}," said the Queen.') for c in ("Bob", "Alice", "Queen")]
     assert tm.load(["local_cbt"])["tasks"]["cbt_ne"].test_docs()[0]["gold"] == 1
@@ -209,8 +215,8 @@ def test_cbt_task(tmp_path):
 
 def run_cli(*args, env=None, timeout=600):
     e = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    return subprocess.run([sys.executable, os.path.join(ROOT, "eval_downstream.py"), *args], capture_output=True,
-                          text=True, env=e, timeout=timeout, cwd=ROOT)
+    return subprocess.run([sys.executable, os.path.join(ROOT, "eval_downstream.py"), *args],
+                          capture_output=True, text=True, env=e, timeout=timeout, cwd=ROOT)
 
 
 def test_cli_offline_all_tasks(tiny, shared_data, tmp_path):
@@ -224,8 +230,8 @@ def test_cli_offline_all_tasks(tiny, shared_data, tmp_path):
     write_cbt(str(data / "CBTest" / "data"), "CN")
     write_cbt(str(data / "CBTest" / "data"), "NE")
     out = tmp_path / "out.json"
-    p = run_cli("--ckpt", path, "--data_dir", str(data), "--limit", "2", "--device", "cpu", "--batch_size", "16",
-                "--json", str(out))
+    p = run_cli("--ckpt", path, "--data_dir", str(data), "--limit", "2", "--device", "cpu",
+                "--batch_size", "16", "--json", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     lines = p.stdout.strip().splitlines()
     assert lines[0] == "| Model | LAMBADA | BLiMP | CBT | HellaSwag | PIQA | ARC-E | Avg |"
@@ -235,7 +241,8 @@ def test_cli_offline_all_tasks(tiny, shared_data, tmp_path):
     table = [100 * rep["table"][t] for t in ed.TASKS]
     assert [float(c) for c in cells] == [round(v, 1) for v in table + [sum(table) / 6]]
     res = rep["harness"]["results"]
-    assert res["local_cbt"]["acc,none"] == pytest.approx((res["cbt_cn"]["acc,none"] + res["cbt_ne"]["acc,none"]) / 2)
+    cbt = (res["cbt_cn"]["acc,none"] + res["cbt_ne"]["acc,none"]) / 2
+    assert res["local_cbt"]["acc,none"] == pytest.approx(cbt)
     paradigms = [res[k]["acc,none"] for k in res if k.startswith("blimp_")]
     assert len(paradigms) == 67 and rep["table"]["blimp"] == pytest.approx(sum(paradigms) / 67)
     # PIQA acc / acc_norm (per character) and LAMBADA acc / perplexity from direct float64 scores
@@ -293,7 +300,7 @@ def test_refusals_come_before_any_work(tiny, tmp_path, monkeypatch, capsys, read
     torch.save({**ck, "meta": {"itos": list("abc"), "vocab_size": 3}}, tmp_path / "char.pt")
     torch.save(torch.zeros(3), tmp_path / "tensor.pt")
     torch.save(ck["model"], tmp_path / "state.pt")
-    torch.save({**ck, "config": {"odd": fractions.Fraction(1, 3)}}, tmp_path / "pickle.pt")  # only pickle loads it
+    torch.save({**ck, "config": {"odd": fractions.Fraction(1, 3)}}, tmp_path / "pickle.pt")  # (pickle only)
     shutil.copy(tiny[0], tmp_path / "bad.pt")
     damage(tmp_path / "bad.pt")
     for name in ("char.pt", "tensor.pt", "state.pt", "pickle.pt", "bad.pt"):
@@ -304,8 +311,8 @@ def test_offline_tokenizer_is_a_one_line_error(tiny, tmp_path):
     """No tiktoken files and no network (a proxy that refuses): one error line, no traceback."""
     empty = tmp_path / "tk"
     empty.mkdir()
-    env = {"TIKTOKEN_CACHE_DIR": str(empty), "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
-           "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9"}
+    env = {"TIKTOKEN_CACHE_DIR": str(empty), **{v: "http://127.0.0.1:9" for v in
+                                                ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")}}
     p = run_cli("--ckpt", tiny[0], "--device", "cpu", env=env, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr[-2000:]
 
@@ -326,11 +333,12 @@ def test_remote_code_is_never_trusted_unless_asked(tiny, monkeypatch):
     for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "DISABLE_MULTIPROC"):
         monkeypatch.setenv(var, "0")  # restored after the test
     assert ed.main(["--ckpt", tiny[0], "--device", "cpu"]) == 1  # nothing loads: every task fails, none hangs
-    assert sorted((c["path"], c["name"]) for c in calls) == [  # the first BLiMP paradigm / CBT subset fails its group
+    assert sorted((c["path"], c["name"]) for c in calls) == [  # the first BLiMP paradigm / CBT subset
         ("EleutherAI/lambada_openai", "default"), ("Rowan/hellaswag", None), ("allenai/ai2_arc", "ARC-Easy"),
         ("baber/piqa", None), ("cam-cst/cbt", "CN"), ("nyu-mll/blimp", "adjunct_island")]
     assert all(not c.get("trust_remote_code") for c in calls), calls
-    assert "HF_DATASETS_TRUST_REMOTE_CODE" not in os.environ and not datasets.config.HF_DATASETS_TRUST_REMOTE_CODE
+    assert "HF_DATASETS_TRUST_REMOTE_CODE" not in os.environ
+    assert not datasets.config.HF_DATASETS_TRUST_REMOTE_CODE
     from lm_eval.tasks._yaml_loader import load_yaml
     tm = ed.task_manager(list(ed.TASKS), None)
     for name, entry in tm.task_index.items():
