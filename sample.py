@@ -1,14 +1,13 @@
 """
-Sample from a trained checkpoint.
-    python sample.py --out_dir=out --start="Once upon a time" --num_samples=3 --max_new_tokens=200
+Sample from a trained checkpoint: python sample.py --out_dir=out --start="Once upon a time" --num_samples=3
 The prompt (--start, or FILE:path to read it) is written in the dataset's own format: GPT-2 text, or a
 prepare/ format's token names (python prepare/NAME.py --help); without it, the format's start of a piece.
 Decoding runs on a static KV cache of --context positions (default block_size; PoPE counts on past it).
 A longer prompt keeps its last tokens; once a sample fills the cache, each token is computed from the last
 --context tokens from scratch. --decode: graph (CUDA default) replays the one-token step as a CUDA graph,
 compile compiles it first, eager (CPU default) calls it from Python. --dtype: bf16 weights on CUDA by
-default (PoPE's delta and the frequencies stay float32); autocast computes as train.py does.
-Samples go to stdout, timings to stderr; --save=PREFIX also writes PREFIX_<i> in the dataset's format.
+default (PoPE's delta and the frequencies stay float32); autocast computes as train.py does. Samples go to
+stdout, timings to stderr; --save=PREFIX also writes PREFIX_<i> in the dataset's format.
 """
 
 import time  # first: the time to the first token counts from here
@@ -43,6 +42,8 @@ def main(argv=None):
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "autocast"])
     p.add_argument("--save", default=None, help="path prefix: write each sample to PREFIX_<i> too")
     args = p.parse_args(argv)
+    if not 0 <= args.temperature < float("inf"):  # inf or nan would sample uniformly, silently
+        sys.exit(f"error: --temperature must be >= 0 and finite (0 = greedy), got {args.temperature}")
     cuda = args.device.startswith("cuda")
     mode = "compile" if args.compile else args.decode
     mode = ("graph" if cuda else "eager") if mode == "auto" else mode
@@ -61,9 +62,9 @@ def main(argv=None):
         model, ckpt = load_checkpoint(args.ckpt or os.path.join(args.out_dir, "ckpt.pt"), device=args.device)
         meta = ckpt.get("meta", {})
         encode, decode = codec(meta)
-    except (CheckpointError, PrepareError, ValueError) as e:
+        fmt = importlib.import_module("prepare." + meta["format"]) if meta.get("format") else None
+    except (CheckpointError, PrepareError, ValueError, ImportError) as e:  # (a format from another version)
         sys.exit(f"error: {e}")
-    fmt = importlib.import_module("prepare." + meta["format"]) if meta.get("format") else None
     if fmt is not None:  # the dataset's own token names, e.g. "<s> C5 G4 E4 C3" for JSB
         enc = getattr(fmt, "encode_prompt", None) or getattr(fmt, "encode", None)  # a prompt is left open
         encode = (lambda s: enc(s, meta)) if enc else encode  # noqa: E731
@@ -93,10 +94,8 @@ def main(argv=None):
           f" steps on {'the decoding kernel' if kernel else 'PyTorch'} ({why})", file=sys.stderr)
     if cuda:
         torch.cuda.set_device(args.device)  # the CUDA graph is captured on the current device's streams
-    ctx = torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16) if amp else nullcontext()
-    times = {}
-    with ctx:
-        t0 = time.perf_counter()
+    times, t0 = {}, time.perf_counter()
+    with torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16) if amp else nullcontext():
         y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                            vocab_size=meta.get("vocab_size"), context=context, mode=mode, times=times)
     if args.save:

@@ -259,7 +259,7 @@ def test_sample_py_crops_a_long_prompt(tmp_path):
     samples = [s.strip() for s in p.stdout.split("---------------") if s.strip()]
     assert len(samples) == 2 and all(s.startswith("ijklmnopqrst") and len(s) == 15 for s in samples), samples
     for args, named in ((["--decode=graph"], "--decode"), (["--ckpt=nope.pt"], "nope.pt"),
-                        (["--start=FILE:nope.txt"], "nope.txt")):
+                        (["--start=FILE:nope.txt"], "nope.txt"), (["--temperature=inf"], "--temperature")):
         p = run_here(cmd + args, tmp_path, check=False)
         assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and named in p.stderr, p.stderr
 
