@@ -22,7 +22,7 @@ from contextlib import nullcontext  # noqa: E402
 import torch  # noqa: E402
 
 from model import CheckpointError, load_checkpoint, use_pope_kernel  # noqa: E402
-from prepare.common import PrepareError, check_writable, codec  # noqa: E402
+from prepare.common import PrepareError, check_writable, codec, die  # noqa: E402
 
 
 def main(argv=None):
@@ -42,8 +42,9 @@ def main(argv=None):
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "autocast"])
     p.add_argument("--save", default=None, help="path prefix: write each sample to PREFIX_<i> too")
     args = p.parse_args(argv)
-    if not 0 <= args.temperature < float("inf"):  # inf or nan would sample uniformly, silently
-        sys.exit(f"error: --temperature must be >= 0 and finite (0 = greedy), got {args.temperature}")
+    bad = [f"--{k} must be >= 1" for k in ("num_samples", "max_new_tokens", "top_k") if getattr(args, k) < 1]
+    if bad or not 0 <= args.temperature < float("inf"):  # (inf or nan would sample uniformly, silently)
+        die((bad or [f"--temperature must be >= 0 and finite (0 = greedy), got {args.temperature}"])[0])
     cuda = args.device.startswith("cuda")
     mode = "compile" if args.compile else args.decode
     mode = ("graph" if cuda else "eager") if mode == "auto" else mode
