@@ -52,7 +52,7 @@ TASKS = {
     "arc_easy": ("ARC-E", "arc_easy", "arc", "acc_norm", False),
 }
 POS_NAMES = {"pope": "PoPE", "rope": "RoPE", "none": "NoPE"}
-# what each task reads in --data_dir (config/lm_eval/local_data.py): a folder with none of them is a wrong path
+# what each task reads in --data_dir (config/lm_eval/local_data.py): a folder with none is a wrong path
 LOCAL_FILES = {"lambada": ["lambada_openai.jsonl"], "blimp": ["blimp"], "hellaswag": ["hellaswag_val.txt"],
                "piqa": ["piqa.jsonl"], "arc_easy": ["arc_easy.jsonl"],
                "cbt": [os.path.join(d, n) for d in ("", "cbt", "CBTest/data") for sub in ("CN", "NE")
@@ -79,9 +79,9 @@ def make_lm(model, encode, *, batch_size=8, device="cpu", vocab_size=50257):
             max_length (never in these tasks) is scored on its last max_length tokens."""
             T, out = self.max_length, [None] * len(pairs)
             order = sorted(range(len(pairs)), key=lambda i: -len(pairs[i][0]) - len(pairs[i][1]))
-            amp = torch.autocast("cuda", torch.bfloat16) if str(device).startswith("cuda") else contextlib.nullcontext()
-            for s in tqdm(range(0, len(order), batch_size), desc="loglikelihood batches", disable=disable_tqdm,
-                          file=sys.stderr):
+            cuda = str(device).startswith("cuda")
+            amp = torch.autocast("cuda", torch.bfloat16) if cuda else contextlib.nullcontext()
+            for s in tqdm(range(0, len(order), batch_size), disable=disable_tqdm, file=sys.stderr):
                 idx = order[s:s + batch_size]
                 seqs = [(list(pairs[i][0]) + list(pairs[i][1]))[-(T + 1):] for i in idx]
                 x = torch.zeros(len(idx), max(len(q) for q in seqs) - 1, dtype=torch.long)
@@ -113,7 +113,7 @@ def make_lm(model, encode, *, batch_size=8, device="cpu", vocab_size=50257):
             return totals
 
         def generate_until(self, requests, disable_tqdm=False):
-            raise NotImplementedError("eval_downstream.py scores log-likelihoods only")  # no task here generates
+            raise NotImplementedError("eval_downstream.py scores log-likelihoods only")
 
     return GPTLM()
 
@@ -126,9 +126,8 @@ def check_checkpoint(path):
         die(str(e))
     meta = ckpt.get("meta") or {}
     if meta.get("tokenizer") != "gpt2":
-        kind = "a character/token list (itos)" if "itos" in meta else "no GPT-2 tokenizer"
         die(f"eval_downstream.py needs a GPT-2-tokenized language model; {path} was trained on "
-            f"{(ckpt.get('config') or {}).get('dataset', 'a dataset')} ({kind}, vocab {meta.get('vocab_size', '?')})")
+            f"{(ckpt.get('config') or {}).get('dataset', 'a dataset')} (vocab {meta.get('vocab_size', '?')})")
     try:
         return meta, codec(meta)[0]  # loads tiktoken's gpt2 files now
     except PrepareError as e:
@@ -137,7 +136,7 @@ def check_checkpoint(path):
 
 def hub_reachable(timeout=3.0):
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    with contextlib.suppress(OSError), socket.create_connection((url.hostname, url.port or 443), timeout=timeout):
+    with contextlib.suppress(OSError), socket.create_connection((url.hostname, url.port or 443), timeout):
         return True
     return False
 
@@ -155,7 +154,7 @@ def task_manager(tasks, data_dir=None, limit=None):
 def evaluate(lm, tasks, data_dir=None, limit=None, batch_size=None, device=None):
     """The harness on our tasks: (its results or None, {task: accuracy}, {task: why it did not run})."""
     import lm_eval
-    logging.getLogger("lm_eval.api.task").addFilter(lambda r: "Custom kwargs" not in r.getMessage())  # our loaders
+    logging.getLogger("lm_eval.api.task").addFilter(lambda r: "Custom kwargs" not in r.getMessage())
     tm = task_manager(tasks, data_dir, limit)
     objs, errors = [], {}
     for t in tasks:  # one at a time: a task without data must not stop the others
@@ -165,14 +164,15 @@ def evaluate(lm, tasks, data_dir=None, limit=None, batch_size=None, device=None)
             objs.append(loaded["groups"].get(spec) or loaded["tasks"][spec])
         except Exception as e:  # no local file, hub unreachable, ...
             msg = (str(e).strip().splitlines() or [""])[0]
-            errors[t] = msg if msg.startswith("no data") else f"could not load its data: {type(e).__name__}: " \
-                f"{msg}" + ("" if data_dir else "; or pass --data_dir with local copies")
+            errors[t] = msg if msg.startswith("no data") else f"could not load its data: " \
+                f"{type(e).__name__}: {msg}" + ("" if data_dir else "; or pass --data_dir with local copies")
             print(f"{t}: {errors[t]}", file=sys.stderr)
     if not objs:
         return None, {}, errors
     with contextlib.redirect_stdout(sys.stderr):  # the harness prints; stdout is for the table
-        res = lm_eval.simple_evaluate(model=lm, tasks=objs, task_manager=tm, limit=limit, batch_size=batch_size,
-                                      device=device, log_samples=False, bootstrap_iters=1000)
+        res = lm_eval.simple_evaluate(model=lm, tasks=objs, task_manager=tm, limit=limit,
+                                      batch_size=batch_size, device=device, log_samples=False,
+                                      bootstrap_iters=1000)
     keys = {t: ("local_" if data_dir and TASKS[t][4] else "") + TASKS[t][1] for t in tasks if t not in errors}
     return res, {t: res["results"][k][TASKS[t][3] + ",none"] for t, k in keys.items()}, errors
 
@@ -183,8 +183,8 @@ def format_table(rows, tasks):
     lines, notes = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)], []
     for label, table, errors in rows:
         avg = f"{100 * sum(table.values()) / len(table):.1f}" + ("*" if errors else "") if table else "-"
-        lines.append("| " + " | ".join([label] + [f"{100 * table[t]:.1f}" if t in table else "-" for t in tasks]
-                                       + [avg]) + " |")
+        cells = [f"{100 * table[t]:.1f}" if t in table else "-" for t in tasks]
+        lines.append("| " + " | ".join([label, *cells, avg]) + " |")
         notes += [f"* {label}: {t} did not run ({why})" for t, why in errors.items()]
     return "\n".join(lines + notes + ["(zero-shot accuracy in %; HellaSwag/PIQA/ARC-E: acc_norm; "
                                       "Avg over the tasks that ran)"])
@@ -193,16 +193,17 @@ def format_table(rows, tasks):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", nargs="+", required=True, help="train.py checkpoint(s), one table row each")
-    p.add_argument("--tasks", default="all", help=f"comma-separated subset of {','.join(TASKS)}, or all (default)")
+    p.add_argument("--tasks", default="all", help=f"comma-separated subset of {','.join(TASKS)}, or all")
     p.add_argument("--data_dir", help="local copies of the data, e.g. $POPE_SHARED_DATA/evals (offline)")
-    p.add_argument("--limit", type=int, help="the harness's limit: first N documents per task (per BLiMP paradigm)")
+    p.add_argument("--limit", type=int, help="first N documents per task (BLiMP: per paradigm)")
     p.add_argument("--batch_size", type=int, help="sequences per forward pass (default 32 on CUDA, 8 on CPU)")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
     p.add_argument("--json", help="write the harness's full results per checkpoint here")
     p.add_argument("--trust_remote_code", action="store_true",
                    help="let a dataset's loading script run (never done without this flag)")
     args = p.parse_args(argv)
-    names = list(TASKS) if args.tasks == "all" else [t.strip().replace("-", "_") for t in args.tasks.split(",")]
+    names = list(TASKS) if args.tasks == "all" else [t.strip().replace("-", "_")
+                                                     for t in args.tasks.split(",")]
     tasks = [t for t in TASKS if t in names]
     if set(names) - set(TASKS) or not tasks:
         p.error(f"--tasks {args.tasks!r}: choose from {','.join(TASKS)} or all")
@@ -210,18 +211,15 @@ def main(argv=None):
         if (v := getattr(args, name)) is not None and v < 1:
             die(f"--{name} must be >= 1, got {v}")
     if args.data_dir and not any(os.path.exists(os.path.join(args.data_dir, n))
-                                 for t in tasks for n in LOCAL_FILES[t]):  # one line, not a "no data" per task
-        what = "not found" if not os.path.isdir(args.data_dir) else \
-            f"holds none of the files of {', '.join(tasks)} ({', '.join(LOCAL_FILES[t][0] for t in tasks)})"
-        die(f"--data_dir {args.data_dir} {what}; point it at local copies (evals/ of README.md's real-data samples, "
-            "e.g. --data_dir $POPE_SHARED_DATA/evals; CBT: CBTest.tgz, see --help) or leave --data_dir out to load "
-            "the Hugging Face datasets")
+                                 for t in tasks for n in LOCAL_FILES[t]):  # one line, not a line per task
+        die(f"--data_dir {args.data_dir} holds none of {', '.join(LOCAL_FILES[t][0] for t in tasks)}; point "
+            "it at local copies (e.g. $POPE_SHARED_DATA/evals) or leave it out for the Hugging Face datasets")
     checked = [check_checkpoint(c) for c in args.ckpt]  # refuse before running anything
-    if args.json:
-        try:
+    try:
+        if args.json:
             check_writable(args.json, "--json")
-        except PrepareError as e:
-            die(str(e))
+    except PrepareError as e:
+        die(str(e))
     if not args.trust_remote_code:
         os.environ.pop("HF_DATASETS_TRUST_REMOTE_CODE", None)
     if args.data_dir or not hub_reachable():  # datasets and huggingface_hub read these at import
@@ -251,18 +249,17 @@ def main(argv=None):
         label += f" ({path})" if any(r[0] == label for r in rows) else ""
         print(f"{label}: {path}, block_size {cfg.block_size}, device {device}", file=sys.stderr)
         print(f"attention: {model.attention_path()}", file=sys.stderr)
-        lm = make_lm(model, encode, batch_size=batch_size, device=device, vocab_size=meta.get("vocab_size", 50257))
+        lm = make_lm(model, encode, batch_size=batch_size, device=device,
+                     vocab_size=meta.get("vocab_size", 50257))
         res, table, errors = evaluate(lm, tasks, args.data_dir, args.limit, batch_size, device)
         rows.append((label, table, errors))
         report["models"].append({"ckpt": path, "label": label, "pos_emb": cfg.pos_emb, "n_params": n_params,
-                                 "block_size": cfg.block_size, "table": table, "errors": errors, "harness": res})
+                                 "block_size": cfg.block_size, "table": table, "errors": errors,
+                                 "harness": res})
         del model, lm
     print(format_table(rows, tasks))
     if args.json:
-        try:
-            write_json(args.json, report, indent=2, default=handle_non_serializable)
-        except OSError as e:  # e.g. the disk filled up while the tasks ran; the table above stands
-            die(f"could not write --json {args.json} ({e.strerror or e}); the table above holds the accuracies")
+        write_json(args.json, report, indent=2, default=handle_non_serializable)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0 if all(table for _, table, _ in rows) else 1
 

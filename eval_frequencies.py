@@ -7,25 +7,21 @@ Usage:
   python eval_frequencies.py --ckpt out-pope/ckpt.pt out-rope/ckpt.pt --data data/english/val.bin
   python eval_frequencies.py --ckpt A.pt B.pt --labels PoPE,RoPE --data val.bin --json f.json --plot f.png
 
-q and k are the attention's own: forward hooks on the hook points q_probe and k_probe of
-model.CausalSelfAttention (each head's projection, before RoPE or a cache). Each model runs the first --tokens
-tokens (default: up to 65536, a smaller file whole) in windows of its block size T (positions 0..T-1), in float32;
-the sums are float64. A split of fixed rows (meta.json's row_len: indirect indexing, JSB) is read as train.py
-reads it, a window per row, its first min(T, row_len - 1) tokens.
+q and k are the attention's own: forward hooks on model.CausalSelfAttention's q_probe and k_probe (each
+head's projection, before RoPE or a cache). Each model runs the first --tokens tokens (default: up to 65536)
+in windows of its block size T (positions 0..T-1), in float32; the sums are float64. A split of fixed rows
+(meta.json's row_len) is read as train.py reads it, a window per row, its first min(T, row_len - 1) tokens.
   PoPE  channel c = 0..D-1 at theta_c = base^(-c/D) (model.pope_frequencies); magnitude mu = softplus(x_c).
-  RoPE  pair i = the two dims model.apply_rope rotates together (found by rotating each basis vector), at the
-        angle it turns per position (the model's inv_freq, YaRN included); magnitude = the pair's norm.
+  RoPE  pair i = the two dims model.apply_rope rotates together (found by rotating each basis vector), at
+        the angle it turns per position (the model's inv_freq, YaRN included); magnitude = the pair's norm.
   NoPE  the same pairs and norms, at the frequencies RoPE would give them (a reference: nothing rotates).
 Per (layer, head, channel): q_mag, k_mag = the mean magnitude over all positions; weight = the mean of
-mag_q[t] * mag_k[s] over the causal pairs s <= t of every window. The score a_ts sums, over channels,
-mag_q[t] * mag_k[s] * cos(phase difference), so weight is the channel's mean size in the score before its
-cosine. share = weight summed over heads, each layer's row normalised to sum to 1. Channels are ordered by
-frequency, highest first, so PoPE and RoPE share one axis; the top quarter is the C // 4 highest-frequency
-channels of C (an even spread puts 0.25 of the weight there).
+mag_q[t] * mag_k[s] over the causal pairs s <= t of every window (the channel's mean size in the score
+before its cosine). share = weight summed over heads, each layer's row normalised to sum to 1. Channels
+are ordered by frequency, highest first; the top quarter is the C // 4 highest-frequency channels of C.
 """
 
 import argparse
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -36,8 +32,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import CheckpointError, load_checkpoint, apply_rope, pope_frequencies, rope_cos_sin, yarn_inv_freq
-from prepare.common import (PrepareError, die, load_meta, read_tokens, vocab_key, write_atomic,
-                            write_json)
+from prepare.common import (PrepareError, check_writable, die, load_meta, read_tokens, vocab_key,
+                            write_atomic, write_json)
 
 DEFAULT_TOKENS = 65536  # without --tokens: up to this many, fewer where --data holds fewer
 
@@ -46,16 +42,14 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
     add("--ckpt", nargs="+", required=True, help="one or more train.py checkpoints (ckpt.pt)")
-    add("--data", required=True, help='a prepared split X.bin (meta.json beside it); X.txt (one text) or X.jsonl '
-        '({"text": ...} per line), tokenized with each checkpoint\'s tokenizer')
-    add("--tokens", type=int, help="tokens per model, the first of --data, in whole windows of the model's block "
-        f"size (default: up to {DEFAULT_TOKENS}, all of --data where it holds fewer; a larger --tokens than --data "
-        "holds is an error)")
+    add("--data", required=True, help='a prepared split X.bin (meta.json beside it); X.txt or X.jsonl')
+    add("--tokens", type=int, help=f"tokens per model, in whole windows (default: up to {DEFAULT_TOKENS})")
     add("--labels", help="comma-separated names, one per --ckpt (default: D of D/ckpt.pt, else X of X.pt)")
     add("--batch_size", type=int, default=8, help="windows per forward pass (default 8)")
     add("--json", help="write every array here")
-    add("--plot", help="write a PNG here: heat maps layer x frequency, and the mean over layers (needs matplotlib)")
+    add("--plot", help="write a PNG here: layer x frequency heat maps, the mean over layers (matplotlib)")
     add("--device", default="auto", help="auto (cuda if available) | cpu | cuda | cuda:1 ...")
+    add("--attn_impl", choices=["auto", "torch", "triton"], help="attention code (default: the checkpoint's)")
     add("--no_progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     for name in ("tokens", "batch_size"):
@@ -65,17 +59,23 @@ def parse_args(argv):
     if args.labels and len(args.labels) != len(args.ckpt):
         die(f"--labels has {len(args.labels)} names for {len(args.ckpt)} checkpoints")
     if missing := [path for path in args.ckpt if not os.path.isfile(path)]:  # fail before the slow part
-        die(f"checkpoint {missing[0]} not found (train one with train.py: it writes out_dir/ckpt.pt)")
+        die(f"checkpoint {missing[0]} not found (train.py writes out_dir/ckpt.pt)")
     if os.path.splitext(args.data)[1].lower() not in (".bin", ".txt", ".jsonl"):
         die(f"--data must be a .bin (with meta.json beside it), .txt or .jsonl; got {args.data}")
     if not (os.path.isfile(args.data) and os.path.getsize(args.data)):
-        die(f"data file {args.data} " + ("is empty (0 bytes)" if os.path.isfile(args.data) else "not found"))
+        die(f"data file {args.data} is missing or empty")
     args.labels = args.labels or [Path(p).stem if Path(p).name != "ckpt.pt" else Path(p).resolve().parent.name
                                   for p in args.ckpt]
-    if len(set(args.labels)) < len(args.labels):
-        die(f"two checkpoints share the label {max(args.labels, key=args.labels.count)!r}; name them with --labels")
-    if args.plot and importlib.util.find_spec("matplotlib") is None:
-        die("--plot needs matplotlib: pip install matplotlib")
+    if len(set(args.labels)) < len(args.labels):  # (results are keyed by label)
+        die(f"two checkpoints share the label {max(args.labels, key=args.labels.count)!r}; give --labels")
+    try:  # before the slow part: outputs that cannot be written, a plot without matplotlib
+        for option, path in (("--json", args.json), ("--plot", args.plot)):
+            if path:
+                check_writable(path, option)
+        if args.plot:
+            import matplotlib  # noqa: F401
+    except (PrepareError, ImportError) as e:
+        die(f"{e} (--plot needs matplotlib: pip install matplotlib)" if isinstance(e, ImportError) else e)
     return args
 
 
@@ -98,14 +98,15 @@ def channels(model):
 
 @torch.no_grad()
 def measure(label, path, model, windows, stride, bs, device, bar):
-    """Run the (n, T) windows (one every stride tokens) through the model; every statistic of the docstring,
-    channels by frequency."""
+    """The (n, T) windows (one every stride tokens) through the model: the docstring's statistics."""
     cfg, (freqs, dims), (n, T) = model.config, channels(model), windows.shape
     idx = torch.as_tensor(dims, device=device)
 
     def mag(x):  # (B, H, T, C) magnitudes in float64: softplus (PoPE) or the norm of each pair
         x = x.double()
-        return F.softplus(x) if cfg.pos_emb == "pope" else torch.hypot(x[..., idx[:, 0]], x[..., idx[:, 1]])
+        if cfg.pos_emb == "pope":
+            return F.softplus(x)
+        return torch.hypot(x[..., idx[:, 0]], x[..., idx[:, 1]])
     sums, held = torch.zeros(3, cfg.n_layer, cfg.n_head, len(dims), dtype=torch.float64, device=device), {}
 
     def on_k(layer):
@@ -116,28 +117,26 @@ def measure(label, path, model, windows, stride, bs, device, bar):
             sums[2, layer] += (mq * mk.cumsum(2)).sum((0, 2))  # sum_t mag_q[t] * sum_{s<=t} mag_k[s]
         return hook
     attns = [block.attn for block in model.transformer.h]
-    if not all(hasattr(a, "q_probe") and hasattr(a, "k_probe") for a in attns):
-        die("model.py's attention has no q_probe/k_probe hook points (see CausalSelfAttention.__init__)")
     handles = [h for i, a in enumerate(attns) for h in (
         a.q_probe.register_forward_hook(lambda m, inp, q, i=i: held.__setitem__(i, q)),
         a.k_probe.register_forward_hook(on_k(i)))]
     try:
         for j in range(0, n, bs):
-            model(torch.from_numpy(np.array(windows[j:j + bs], dtype=np.int64)).to(device))  # (np.array: a copy)
+            model(torch.from_numpy(np.array(windows[j:j + bs], dtype=np.int64)).to(device))  # (a copy)
             bar.update(1)
     finally:
         for h in handles:
             h.remove()
     order = np.argsort(-freqs, kind="stable")  # highest frequency first
     s = sums[..., torch.as_tensor(order, device=device)].cpu().numpy()
-    q, k, w = s[0] / (n * T), s[1] / (n * T), s[2] / (n * T * (T + 1) / 2)  # over positions; over causal pairs
+    q, k, w = s[0] / (n * T), s[1] / (n * T), s[2] / (n * T * (T + 1) / 2)  # (positions; pairs)
     share = w.sum(1) / w.sum((1, 2))[:, None]  # (layer, channel): over heads, each row sums to 1
     top = share[:, :(n_top := max(1, len(order) // 4))].sum(1)
-    return {"label": label, "ckpt": path, "pos_emb": cfg.pos_emb, "n_layer": cfg.n_layer, "n_head": cfg.n_head,
-            "head_dim": cfg.n_embd // cfg.n_head, "window": T, "stride": stride, "tokens": n * T,
-            "freq": freqs[order].tolist(), "dims": dims[order].tolist(), "q_mag": q.tolist(), "k_mag": k.tolist(),
-            "weight": w.tolist(), "share": share.tolist(), "top_quarter": n_top, "top_quarter_share": top.tolist(),
-            "top_quarter_share_mean": float(top.mean())}
+    return {"label": label, "ckpt": path, "pos_emb": cfg.pos_emb, "n_layer": cfg.n_layer,
+            "n_head": cfg.n_head, "head_dim": cfg.n_embd // cfg.n_head, "window": T, "stride": stride,
+            "tokens": n * T, "freq": freqs[order].tolist(), "dims": dims[order].tolist(), "q_mag": q.tolist(),
+            "k_mag": k.tolist(), "weight": w.tolist(), "share": share.tolist(), "top_quarter": n_top,
+            "top_quarter_share": top.tolist(), "top_quarter_share_mean": float(top.mean())}
 
 
 def write_plot(path, models):
@@ -151,15 +150,14 @@ def write_plot(path, models):
         im = ax.pcolormesh(edges, np.arange(m["n_layer"] + 1) - 0.5, np.array(m["share"]), cmap="viridis")
         fig.colorbar(im, ax=ax, label="share")
         ax.yaxis.get_major_locator().set_params(integer=True)
-        ax.set(xscale="log", ylabel="layer", title=f"{m['label']} ({m['pos_emb']}): each layer's score weight by "
-               "channel (rows sum to 1)")
+        ax.set(xscale="log", ylabel="layer", title=f"{m['label']} ({m['pos_emb']}): score weight by channel")
     for m in models:
         axes[-1].plot(m["freq"], np.array(m["share"]).mean(0) * len(m["freq"]), marker=".",
-                      linestyle="--" if m["pos_emb"] == "none" else "-", label=f"{m['label']} ({m['pos_emb']})")
+                      linestyle="--" if m["pos_emb"] == "none" else "-",
+                      label=f"{m['label']} ({m['pos_emb']})")
     axes[-1].axhline(1, color="gray", linestyle=":", linewidth=1)
     axes[-1].set(xlabel="frequency (radians per position)", ylabel="mean share x channels (1 = even)",
-                 title="Mean over layers" + (" (NoPE at RoPE's frequencies, a reference)"
-                                             if any(m["pos_emb"] == "none" for m in models) else ""))
+                 title="Mean over layers")
     axes[-1].legend()
     write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     print(f"wrote {path}")
@@ -174,7 +172,8 @@ def main(argv=None):
     runs, streams, row_len, limit = [], {}, None, args.tokens or DEFAULT_TOKENS
     for i, path in enumerate(args.ckpt):
         try:
-            model, ckpt = load_checkpoint(path, device)
+            impl = {"attn_impl": args.attn_impl} if args.attn_impl else {}  # (default: the checkpoint's)
+            model, ckpt = load_checkpoint(path, device, **impl)
         except CheckpointError as e:
             die(str(e))
         label, meta = args.labels[i], ckpt.get("meta") or {}
@@ -189,32 +188,27 @@ def main(argv=None):
         T = model.config.block_size
         T, stride = (min(T, row_len - 1), row_len) if row_len else (T, T)  # a window per row, or back to back
         toks = streams[key]
-        if args.tokens is None and len(toks) < T:
-            die(f"{args.data} has only {len(toks)} tokens for {path}, less than one window (its block size {T}); "
-                "give more data")
-        if args.tokens is not None and args.tokens < T:
-            die(f"--tokens={args.tokens} is less than one window of {path} (its block size {T})")
+        if min(len(toks), args.tokens or T) < T:
+            die(f"{args.data}: {min(len(toks), args.tokens or T)} tokens, less than a window of {path} ({T})")
         if args.tokens is not None and len(toks) < args.tokens:
             die(f"{args.data} has only {len(toks)} tokens for {path}; pass --tokens <= {len(toks)}")
         windows = np.lib.stride_tricks.sliding_window_view(toks, T)[::stride]  # (n, T) views, no copy
-        if args.tokens is None and len(toks) < DEFAULT_TOKENS:  # the whole file: say how much of it was used
-            print(f"note: {label}: {args.data} holds {len(toks)} tokens, fewer than the default {DEFAULT_TOKENS}: "
-                  f"using {len(windows) * T} of them, {len(windows)} whole windows of {T}"
-                  + (f" (one per row of {row_len})" if row_len else ""), file=sys.stderr)
-        elif len(toks) % stride:
-            print(f"note: {label}: {len(windows)} whole windows of {T}"
+        if len(windows) * stride != len(toks):  # say how much of the data was used
+            print(f"note: {label}: {len(windows)} whole windows of {T} from {len(toks)} tokens of {args.data}"
                   + (f" (one per row of {row_len})" if row_len else ""), file=sys.stderr)
         if (vmax := int(np.max(toks))) >= model.config.vocab_size:
-            die(f"{args.data} holds token id {vmax} but {path} has a vocabulary of {model.config.vocab_size}")
+            die(f"{args.data} holds token id {vmax}; {path} has a vocabulary of {model.config.vocab_size}")
         runs.append((label, path, model, windows, stride))
     total = sum(-(-len(windows) // args.batch_size) for _, _, _, windows, _ in runs)
-    with tqdm(total=total, unit="batch", file=sys.stderr, dynamic_ncols=True, disable=args.no_progress) as bar:
+    with tqdm(total=total, unit="batch", file=sys.stderr, disable=args.no_progress) as bar:
         models = [measure(*r, args.batch_size, device, bar) for r in runs]
     for m in models:
         print(f"\n{m['label']} ({m['pos_emb']}): share of the score weight in the top quarter of frequencies "
-              f"({m['top_quarter']} of {len(m['freq'])} channels, theta >= {m['freq'][m['top_quarter'] - 1]:.3g})")
+              f"({m['top_quarter']} of {len(m['freq'])} channels, theta >= "
+              f"{m['freq'][m['top_quarter'] - 1]:.3g})")
         print("  layer " + "".join(f"{i:>7}" for i in range(m["n_layer"])) + "   mean")
-        print("  share " + "".join(f"{x:7.3f}" for x in m["top_quarter_share"]) + f"{m['top_quarter_share_mean']:7.3f}")
+        shares = [*m["top_quarter_share"], m["top_quarter_share_mean"]]
+        print("  share " + "".join(f"{x:7.3f}" for x in shares))
     result = {"data": args.data, "tokens": limit, "device": device, "models": {m["label"]: m for m in models},
               "definitions": __doc__[__doc__.index("q and k are"):].strip()}
     if args.json:

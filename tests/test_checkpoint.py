@@ -32,7 +32,8 @@ class _Payload:
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("ckpts")
     torch.manual_seed(1234)
-    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=8, pos_emb="pope", attn_impl="torch")
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=8, pos_emb="pope",
+                    attn_impl="torch")
     ck = {"model": GPT(cfg).state_dict(), "model_args": dataclasses.asdict(cfg), "config": {"dataset": "toy"},
           "meta": {"itos": list("abcdefgh"), "vocab_size": 8, "dtype": "uint16"}}
     torch.save(ck, d / "good.pt")
@@ -49,7 +50,8 @@ def files(tmp_path_factory):
     return d
 
 
-BAD = ["nan.pt", "code.pt", "state_dict.pt", "tensor.pt", "empty.pt", "cut.pt", "junk.pt", "folder.pt", "missing.pt",
+BAD = ["nan.pt", "code.pt", "state_dict.pt", "tensor.pt", "empty.pt", "cut.pt", "junk.pt", "folder.pt",
+       "missing.pt",
        "flipped.pt"]
 
 

@@ -5,7 +5,6 @@ refusals, and that a dataset's remote code is never trusted unless asked.
 The seed is SEED below (POPE_TEST_SEED overrides it); failures print it."""
 import copy
 import dataclasses
-import errno
 import fractions
 import json
 import math
@@ -101,11 +100,13 @@ def test_loglikelihood_matches_direct_float64(tiny):
     _, model, encode = tiny
     model64 = copy.deepcopy(model).double()
     long_ctx = "The quick brown fox jumps over the lazy dog near the river bank. " * 4
-    reqs = [("The cat sat on", " the mat"), ("Question: why?\nAnswer:", " because it is."), ("", " Hello world"),
-            ("Trailing space ", "moves"), (long_ctx, " and then it slept for a very long while."),
+    reqs = [("The cat sat on", " the mat"), ("Question: why?\nAnswer:", " because it is."),
+            ("", " Hello world"), ("Trailing space ", "moves"),
+            (long_ctx, " and then it slept for a very long while."),
             ("One", " two three four five six seven eight nine ten")]
     lm = ed.make_lm(model, encode, batch_size=3)  # batches mix lengths: right padding must not matter
-    got = lm.loglikelihood([Instance("loglikelihood", {}, r, i) for i, r in enumerate(reqs)], disable_tqdm=True)
+    got = lm.loglikelihood([Instance("loglikelihood", {}, r, i) for i, r in enumerate(reqs)],
+                           disable_tqdm=True)
     assert len(encode(long_ctx)) > T + 1  # the long one is cut on the left
     for (ctx, cont), (ll, greedy) in zip(reqs, got):
         ref_ll, ref_greedy = direct(model64, *harness_encode(encode, ctx, cont))
@@ -128,8 +129,8 @@ def test_loglikelihood_rolling_matches_direct(tiny):
     model64 = copy.deepcopy(model).double()
     texts = ["A short text.", " ".join(f"word{i}" for i in range(40))]
     lm = ed.make_lm(model, encode, batch_size=2)
-    got = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (s,), i) for i, s in enumerate(texts)],
-                                   disable_tqdm=True)
+    got = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (s,), i)
+                                    for i, s in enumerate(texts)], disable_tqdm=True)
     for text, ll in zip(texts, got):
         toks = encode(text)
         full = [EOT] + toks  # disjoint chunks of T predicted tokens, each with as much left context as fits
@@ -160,21 +161,24 @@ def test_local_data_through_the_harness_tasks(shared_data):
     tm = ed.task_manager(list(ed.TASKS), evals, limit=2)
     r = requests_of(tm, "local_piqa", 2)["piqa"]
     assert r[0] == ("Question: How do I ready a guinea pig cage for it's new occupants?\nAnswer:",
-                    " Provide the guinea pig with a cage full of a few inches of bedding made of ripped paper "
-                    "strips, you will also need to supply it with a water bottle and a food dish.")
+                    " Provide the guinea pig with a cage full of a few inches of bedding made of ripped "
+                    "paper strips, you will also need to supply it with a water bottle and a food dish.")
     assert r[2:] == [("Question: dresser\nAnswer:", " replace drawer with bobby pin"),
                      ("Question: dresser\nAnswer:", " finish, woodgrain with  bobby pin")]
     r = requests_of(tm, "local_arc_easy", 1)["arc_easy"]
-    q = "Question: Which statement best explains why photosynthesis is the foundation of most food webs?\nAnswer:"
+    q = ("Question: Which statement best explains why photosynthesis is the foundation of most food webs?"
+         "\nAnswer:")
     assert [c for c, _ in r] == [q] * 4 and r[3][1] == " The producers in all ecosystems are plants."
     r = requests_of(tm, "local_lambada_openai", 2)["lambada_openai"]
     assert r[1][1] == " Shane" and r[1][0].endswith("\"I can make it there on my own,")
     r = requests_of(tm, "local_hellaswag", 2)["hellaswag"]  # ctx_b capitalised, as from the HF rows
-    assert r[0] == ("Roof shingle removal: A man is sitting on a roof. He", " is using wrap to wrap a pair of skis.")
+    assert r[0] == ("Roof shingle removal: A man is sitting on a roof. He",
+                    " is using wrap to wrap a pair of skis.")
     assert r[4][0] == "Clean and jerk: A lady walks to a barbell. She bends down and grabs the pole. The lady"
     r = requests_of(tm, "local_blimp", 1)
-    assert len(r) == 67 and r["blimp_adjunct_island"] == [("", " Who should Derek hug after shocking Richard?"),
-                                                         ("", " Who should Derek hug Richard after shocking?")]
+    assert len(r) == 67 and r["blimp_adjunct_island"] == [
+        ("", " Who should Derek hug after shocking Richard?"),
+        ("", " Who should Derek hug Richard after shocking?")]
     assert len(lambada(evals)["test"]) == 5153 and len(arc(evals)["test"]) == 2376
     assert sorted(piqa(evals)["validation"]["label"]).count(1) == 928
     hs = hellaswag(evals)["validation"]
@@ -184,8 +188,8 @@ def test_local_data_through_the_harness_tasks(shared_data):
     assert len(set(hs["activity_label"])) == 192 and sum(1 for b in hs["ctx_b"] if b) == 3246
 
 
-CBT_STORY = ["With almost everything else to make them happy , they wanted one thing : they had no children ."] + [
-    f"Sentence number {i} is `` here '' , is n't it ?" for i in range(2, 21)]
+CBT_STORY = ["With almost everything else to make them happy , they wanted one thing : they had no "
+             "children ."] + [f"Sentence number {i} is `` here '' , is n't it ?" for i in range(2, 21)]
 
 
 def write_cbt(folder, sub):
@@ -202,7 +206,8 @@ def test_cbt_task(tmp_path):
     tm = ed.task_manager(["cbt"], str(tmp_path))
     r = requests_of(tm, "local_cbt", 1)
     assert sorted(r) == ["cbt_cn", "cbt_ne"]
-    story = "With almost everything else to make them happy, they wanted one thing: they had no children. " + \
+    story = "With almost everything else to make them happy, they wanted one thing: they had no " \
+        "children. " + \
         " ".join(f'Sentence number {i} is "here", isn\'t it?' for i in range(2, 21))
     assert r["cbt_cn"] == [(story + ' "Oh, ', f'{c}," said the Queen.') for c in ("Bob", "Alice", "Queen")]
     assert tm.load(["local_cbt"])["tasks"]["cbt_ne"].test_docs()[0]["gold"] == 1
@@ -210,8 +215,8 @@ def test_cbt_task(tmp_path):
 
 def run_cli(*args, env=None, timeout=600):
     e = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    return subprocess.run([sys.executable, os.path.join(ROOT, "eval_downstream.py"), *args], capture_output=True,
-                          text=True, env=e, timeout=timeout, cwd=ROOT)
+    return subprocess.run([sys.executable, os.path.join(ROOT, "eval_downstream.py"), *args],
+                          capture_output=True, text=True, env=e, timeout=timeout, cwd=ROOT)
 
 
 def test_cli_offline_all_tasks(tiny, shared_data, tmp_path):
@@ -225,10 +230,9 @@ def test_cli_offline_all_tasks(tiny, shared_data, tmp_path):
     write_cbt(str(data / "CBTest" / "data"), "CN")
     write_cbt(str(data / "CBTest" / "data"), "NE")
     out = tmp_path / "out.json"
-    p = run_cli("--ckpt", path, "--data_dir", str(data), "--limit", "2", "--device", "cpu", "--batch_size", "16",
-                "--json", str(out))
+    p = run_cli("--ckpt", path, "--data_dir", str(data), "--limit", "2", "--device", "cpu",
+                "--batch_size", "16", "--json", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stderr.count("attention: pope: the PyTorch path") == 1, p.stderr[-2000:]
     lines = p.stdout.strip().splitlines()
     assert lines[0] == "| Model | LAMBADA | BLiMP | CBT | HellaSwag | PIQA | ARC-E | Avg |"
     rep = json.loads(out.read_text())["models"][0]
@@ -237,7 +241,8 @@ def test_cli_offline_all_tasks(tiny, shared_data, tmp_path):
     table = [100 * rep["table"][t] for t in ed.TASKS]
     assert [float(c) for c in cells] == [round(v, 1) for v in table + [sum(table) / 6]]
     res = rep["harness"]["results"]
-    assert res["local_cbt"]["acc,none"] == pytest.approx((res["cbt_cn"]["acc,none"] + res["cbt_ne"]["acc,none"]) / 2)
+    cbt = (res["cbt_cn"]["acc,none"] + res["cbt_ne"]["acc,none"]) / 2
+    assert res["local_cbt"]["acc,none"] == pytest.approx(cbt)
     paradigms = [res[k]["acc,none"] for k in res if k.startswith("blimp_")]
     assert len(paradigms) == 67 and rep["table"]["blimp"] == pytest.approx(sum(paradigms) / 67)
     # PIQA acc / acc_norm (per character) and LAMBADA acc / perplexity from direct float64 scores
@@ -261,54 +266,55 @@ def test_cli_cbt_without_data_others_run(tiny, shared_data):
     p = run_cli("--ckpt", tiny[0], "--data_dir", str(shared_data / "evals"), "--tasks", "cbt,arc_easy",
                 "--limit", "1", "--device", "cpu")
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "cbt: no data: none of cbtest_CN_test_2500ex.txt" in p.stderr
-    row = p.stdout.splitlines()[2].split("|")
+    row = p.stdout.splitlines()[2].split("|")  # CBT's cell empty, ARC-E's a number, the average marked
     assert row[2].strip() == "-" and float(row[3]) in (0.0, 100.0) and row[4].strip().endswith("*")
-    assert "cbt did not run (no data" in p.stdout
 
 
-def test_data_dir_without_any_task_file_is_one_line(tiny, tmp_path, monkeypatch, capsys):
-    """--data_dir that does not exist, or holds none of the asked tasks' files: one line naming the folder and
-    where the data comes from, before any work (it printed a "no data" line per task and a table of dashes);
-    a folder with some of them runs those, the per-task lines for the rest (test_cli_cbt_without_data_others_run)."""
-    monkeypatch.setattr(ed, "check_checkpoint", lambda path: pytest.fail("the checkpoints were read first"))
-    fix = ("; point it at local copies (evals/ of README.md's real-data samples, e.g. --data_dir $POPE_SHARED_DATA/"
-           "evals; CBT: CBTest.tgz, see --help) or leave --data_dir out to load the Hugging Face datasets\n")
+def one_line_error(args, capsys, named):
+    """ed.main(args) refuses: exit status 2, one line on stderr naming `named`, nothing on stdout."""
+    with pytest.raises(SystemExit) as e:
+        ed.main([*map(str, args), "--device", "cpu"])
+    out = capsys.readouterr()
+    assert e.value.code == 2 and out.out == "" and out.err.count("\n") == 1 and named in out.err, out.err
+
+
+def test_refusals_come_before_any_work(tiny, tmp_path, monkeypatch, capsys, readonly, damage):
+    """A --data_dir that does not exist or holds none of the asked tasks' files, --limit or --batch_size
+    below 1, a read-only or folder --json: refused before any checkpoint is read; a checkpoint that is not
+    a GPT-2 language model's, or damaged, or not a checkpoint: refused before any task runs."""
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "piqa.jsonl").write_text("")  # a file of a task not asked for
-    for data_dir, tasks, why in (
-            (tmp_path / "nonexistent", "all", "not found"),
-            (tmp_path / "other", "cbt,arc_easy", "holds none of the files of cbt, arc_easy "
-             "(cbtest_CN_test_2500ex.txt, arc_easy.jsonl)")):
-        with pytest.raises(SystemExit) as e:
-            ed.main(["--ckpt", tiny[0], "--data_dir", str(data_dir), "--tasks", tasks, "--device", "cpu"])
-        out = capsys.readouterr()
-        assert e.value.code == 2 and out.out == "" and out.err == f"error: --data_dir {data_dir} {why}{fix}"
-
-
-def test_refuses_non_gpt2_checkpoint(tiny, tmp_path, capsys):
+    (tmp_path / "ro").mkdir()
+    readonly(tmp_path / "ro")
+    with monkeypatch.context() as m:
+        m.setattr(ed, "check_checkpoint", lambda path: pytest.fail("the checkpoints were read first"))
+        for args, named in (([tmp_path / "nonexistent"], "nonexistent"),
+                            ([tmp_path / "other", "--tasks", "cbt,arc_easy"], str(tmp_path / "other"))):
+            one_line_error(["--ckpt", tiny[0], "--data_dir", *args], capsys, named)
+        for opt in ("--limit", "--batch_size"):
+            one_line_error(["--ckpt", tiny[0], opt, "0"], capsys, opt)
+    monkeypatch.setattr(ed, "evaluate", lambda *a, **k: pytest.fail("ran the tasks first"))
+    for path in (tmp_path, tmp_path / "ro" / "r.json"):
+        one_line_error(["--ckpt", tiny[0], "--json", path], capsys, "--json")
     ck = torch.load(tiny[0], weights_only=True)
-    ck["meta"] = {"itos": list("abc"), "vocab_size": 3, "dtype": "uint16"}
-    ck["config"] = {"dataset": "shakespeare_char"}
-    bad = str(tmp_path / "char.pt")
-    torch.save(ck, bad)
-    with pytest.raises(SystemExit) as e:
-        ed.main(["--ckpt", tiny[0], bad, "--device", "cpu"])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count("\n") == 1, err
-    assert err.startswith("error: eval_downstream.py needs a GPT-2-tokenized language model; "
-                          f"{bad} was trained on shakespeare_char")
+    torch.save({**ck, "meta": {"itos": list("abc"), "vocab_size": 3}}, tmp_path / "char.pt")
+    torch.save(torch.zeros(3), tmp_path / "tensor.pt")
+    torch.save(ck["model"], tmp_path / "state.pt")
+    torch.save({**ck, "config": {"odd": fractions.Fraction(1, 3)}}, tmp_path / "pickle.pt")  # (pickle only)
+    shutil.copy(tiny[0], tmp_path / "bad.pt")
+    damage(tmp_path / "bad.pt")
+    for name in ("char.pt", "tensor.pt", "state.pt", "pickle.pt", "bad.pt"):
+        one_line_error(["--ckpt", tiny[0], tmp_path / name], capsys, str(tmp_path / name))
 
 
 def test_offline_tokenizer_is_a_one_line_error(tiny, tmp_path):
     """No tiktoken files and no network (a proxy that refuses): one error line, no traceback."""
     empty = tmp_path / "tk"
     empty.mkdir()
-    env = {"TIKTOKEN_CACHE_DIR": str(empty), "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
-           "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9"}
+    env = {"TIKTOKEN_CACHE_DIR": str(empty), **{v: "http://127.0.0.1:9" for v in
+                                                ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")}}
     p = run_cli("--ckpt", tiny[0], "--device", "cpu", env=env, timeout=120)
-    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
-    assert p.stderr.startswith("error: tiktoken could not load the gpt2 encoding") and p.stderr.count("\n") == 1
+    assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr[-2000:]
 
 
 def test_remote_code_is_never_trusted_unless_asked(tiny, monkeypatch):
@@ -327,11 +333,12 @@ def test_remote_code_is_never_trusted_unless_asked(tiny, monkeypatch):
     for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "DISABLE_MULTIPROC"):
         monkeypatch.setenv(var, "0")  # restored after the test
     assert ed.main(["--ckpt", tiny[0], "--device", "cpu"]) == 1  # nothing loads: every task fails, none hangs
-    assert sorted((c["path"], c["name"]) for c in calls) == [  # the first BLiMP paradigm / CBT subset fails its group
+    assert sorted((c["path"], c["name"]) for c in calls) == [  # the first BLiMP paradigm / CBT subset
         ("EleutherAI/lambada_openai", "default"), ("Rowan/hellaswag", None), ("allenai/ai2_arc", "ARC-Easy"),
         ("baber/piqa", None), ("cam-cst/cbt", "CN"), ("nyu-mll/blimp", "adjunct_island")]
     assert all(not c.get("trust_remote_code") for c in calls), calls
-    assert "HF_DATASETS_TRUST_REMOTE_CODE" not in os.environ and not datasets.config.HF_DATASETS_TRUST_REMOTE_CODE
+    assert "HF_DATASETS_TRUST_REMOTE_CODE" not in os.environ
+    assert not datasets.config.HF_DATASETS_TRUST_REMOTE_CODE
     from lm_eval.tasks._yaml_loader import load_yaml
     tm = ed.task_manager(list(ed.TASKS), None)
     for name, entry in tm.task_index.items():
@@ -341,71 +348,3 @@ def test_remote_code_is_never_trusted_unless_asked(tiny, monkeypatch):
     calls.clear()
     assert ed.main(["--ckpt", tiny[0], "--device", "cpu", "--tasks", "piqa", "--trust_remote_code"]) == 1
     assert len(calls) == 1 and datasets.config.HF_DATASETS_TRUST_REMOTE_CODE is True
-
-
-def test_help_and_docstring():
-    p = run_cli("--help", timeout=120)
-    assert p.returncode == 0 and "Usage:" in p.stdout and "--trust_remote_code" in p.stdout
-
-
-def test_zero_limit_and_batch_size_are_refused_before_any_work(tiny, monkeypatch, capsys):
-    """`(args.limit or 1) < 1` let 0 through (the harness then reads every document)."""
-    monkeypatch.setattr(ed, "check_checkpoint", lambda path: pytest.fail("the checkpoints were read first"))
-    for opt in ("--limit", "--batch_size"):
-        for v in ("0", "-3"):
-            with pytest.raises(SystemExit) as e:
-                ed.main(["--ckpt", tiny[0], opt, v, "--device", "cpu"])
-            assert e.value.code == 2 and capsys.readouterr().err == f"error: {opt} must be >= 1, got {v}\n"
-
-
-def test_a_file_that_is_not_a_checkpoint_is_one_line(tiny, tmp_path, capsys):
-    """A bare tensor: AttributeError ('Tensor' object has no attribute 'get'); a state_dict
-    alone; a file that needs pickle: refused because it would run code."""
-    torch.save(torch.zeros(3), tmp_path / "tensor.pt")
-    torch.save(torch.load(tiny[0], weights_only=True)["model"], tmp_path / "state.pt")
-    ck = torch.load(tiny[0], weights_only=True)
-    ck["config"]["odd"] = fractions.Fraction(1, 3)  # an object that only pickle (running its class) can load
-    torch.save(ck, tmp_path / "pickle.pt")
-    for name in ("tensor.pt", "state.pt", "pickle.pt"):
-        with pytest.raises(SystemExit) as e:
-            ed.main(["--ckpt", str(tmp_path / name), "--device", "cpu"])
-        err = capsys.readouterr().err
-        assert e.value.code == 2 and err.count("\n") == 1 and str(tmp_path / name) in err, err
-
-
-def test_a_damaged_checkpoint_is_refused_before_any_task_runs(tiny, tmp_path, capsys, monkeypatch, damage):
-    """Only load_checkpoint checked the CRCs: a damaged second checkpoint stopped the run
-    after the first one's tasks had run."""
-    shutil.copy(tiny[0], tmp_path / "bad.pt")
-    damage(tmp_path / "bad.pt")
-    monkeypatch.setattr(ed, "evaluate", lambda *a, **k: pytest.fail("ran the tasks first"))
-    with pytest.raises(SystemExit) as e:
-        ed.main(["--ckpt", tiny[0], str(tmp_path / "bad.pt"), "--device", "cpu"])
-    assert e.value.code == 2 and str(tmp_path / "bad.pt") in capsys.readouterr().err
-
-
-def test_unwritable_json_is_one_line(tiny, tmp_path, monkeypatch, capsys, readonly):
-    monkeypatch.setattr(ed, "evaluate", lambda *a, **k: pytest.fail("ran the tasks first"))
-    (tmp_path / "ro").mkdir()
-    readonly(tmp_path / "ro")
-    for path, want in ((tmp_path, f"error: --json {tmp_path} is a folder; give a file name"),
-                       (tmp_path / "ro" / "r.json", f"error: --json {tmp_path / 'ro' / 'r.json'}: cannot write into "
-                                                    f"{tmp_path / 'ro'} (Read-only file system); give a path in a "
-                                                    "writable folder")):
-        with pytest.raises(SystemExit) as e:
-            ed.main(["--ckpt", tiny[0], "--device", "cpu", "--json", str(path)])
-        err = capsys.readouterr().err
-        assert e.value.code == 2 and err == want + "\n", err
-    # a disk that fills up while the tasks run: the table is printed, then one line
-    monkeypatch.undo()
-    monkeypatch.setattr(ed, "evaluate", lambda *a, **k: ({"results": {}}, {"piqa": 0.5}, {}))
-
-    def full(path, *a, **k):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"{path}.tmp")
-    monkeypatch.setattr(ed, "write_json", full)
-    with pytest.raises(SystemExit) as e:
-        ed.main(["--ckpt", tiny[0], "--device", "cpu", "--tasks", "piqa", "--json", str(tmp_path / "r.json")])
-    out, err = capsys.readouterr()
-    assert e.value.code == 2 and "| PoPE 2M | 50.0 | 50.0 |" in out, out
-    assert err.splitlines()[-1] == f"error: could not write --json {tmp_path / 'r.json'} (No space left on device); " \
-        "the table above holds the accuracies" and "Traceback" not in err, err

@@ -89,29 +89,15 @@ def test_sample_refuses_a_temperature_that_is_not_finite(ckpts, capsys, t):
     assert capsys.readouterr().out == ""
 
 
-def test_sample_prompt_file_errors_are_one_line(ckpts, tmp_path, capsys):
+def test_sample_prompt_file_and_format_errors_name_the_file(ckpts, tmp_path, capsys):
     good = f"--ckpt={ckpts / 'good.pt'}"
-    assert sample_main(capsys, good, f"--start=FILE:{tmp_path / 'none.txt'}") == \
-        f"error: --start=FILE:{tmp_path / 'none.txt'}: no such file; give the path of a text file holding the prompt"
     (tmp_path / "bin.txt").write_bytes(b"ab\xff\xfe\x00c")
-    assert sample_main(capsys, good, f"--start=FILE:{tmp_path / 'bin.txt'}") == \
-        f"error: --start=FILE:{tmp_path / 'bin.txt'} is not UTF-8 text (byte 0xff at offset 2); give a UTF-8 text " \
-        "file with the prompt in the dataset's format"
-    assert sample_main(capsys, good, f"--start=FILE:{tmp_path}") == \
-        f"error: --start=FILE:{tmp_path} is a folder; give the path of a text file holding the prompt"
-    # a text file is the prompt
-    (tmp_path / "p.txt").write_text("hgf", encoding="utf-8")
+    for bad in (tmp_path / "none.txt", tmp_path / "bin.txt", tmp_path):
+        assert str(bad) in sample_main(capsys, good, f"--start=FILE:{bad}")
+    assert str(ckpts / "format.pt") in sample_main(capsys, f"--ckpt={ckpts / 'format.pt'}", "--start=abc")
+    (tmp_path / "p.txt").write_text("hgf", encoding="utf-8")  # a text file is the prompt
     sample.main(["--device=cpu", "--max_new_tokens=3", "--num_samples=1", good, f"--start=FILE:{tmp_path / 'p.txt'}"])
     assert capsys.readouterr().out.startswith("hgf")
-
-
-def test_sample_refuses_an_unknown_format(ckpts, capsys):
-    """meta["format"] named a module that does not exist: ModuleNotFoundError."""
-    msg = sample_main(capsys, f"--ckpt={ckpts / 'format.pt'}", "--start=abc")
-    assert msg == (f"error: {ckpts / 'format.pt'} names the dataset format 'no_such_format', which no prepare/ "
-                   f"script here reads (known: {', '.join(common.prepare_scripts())}); sample with the version of "
-                   "this code that wrote it")
-    assert "indirect_indexing" in common.prepare_scripts() and "common" not in common.prepare_scripts()
 
 
 def test_write_atomic_leaves_no_part_of_a_file_behind(tmp_path):
