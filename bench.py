@@ -40,7 +40,9 @@ def header():
     """Where and what ran: printed as '# key: value' lines, and the JSON's "header"."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    info = dict(commit=git("rev-parse", "HEAD"), dirty=bool(git("status", "--porcelain", "-uno")),
+    # POPE_COMMIT / POPE_DIRTY where the tree is a copy whose .git may be stale (results/setup.sh's rule)
+    info = dict(commit=os.environ.get("POPE_COMMIT") or git("rev-parse", "HEAD"),
+                dirty=os.environ.get("POPE_DIRTY") or bool(git("status", "--porcelain", "-uno")),
                 gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 command=" ".join(["python", os.path.basename(sys.argv[0])] + sys.argv[1:]))
