@@ -78,34 +78,6 @@ def test_pope_magnitudes_have_one_definition(monkeypatch):
     assert cached_vs_uncached(model, idx, 6, KVCache(model, 2, 16, torch.float64)) < 1e-10, f"seed {seed}"
 
 
-def test_a_long_prompt_and_graphs_on_the_cpu_are_errors():
-    model = tiny("pope")
-    for kw in (dict(context=8), dict(mode="graph"), dict(mode="compile"), dict(mode="fast")):
-        with pytest.raises(ValueError):
-            model.generate(torch.zeros(1, 9, dtype=torch.long), 2, **kw)
-
-
-@pytest.mark.parametrize("pos_emb", ["pope", "rope"])
-def test_a_step_makes_the_per_cache_constants_once(pos_emb):
-    """PoPE's theta and bounded delta are made once per cache (a step runs no logspace or ceil), RoPE's
-    rotation once for all layers: a 3-layer model's step runs as many cos as a 1-layer model's. On a GPU
-    each such op is a kernel of the graph."""
-    from torch.profiler import ProfilerActivity, profile
-    torch.manual_seed(0)
-    counts = []
-    for n_layer in (1, 3):
-        model = tiny(pos_emb, n_layer=n_layer)
-        cache = KVCache(model, 2, 16, torch.float64)
-        with torch.no_grad():
-            model(torch.zeros(2, 4, dtype=torch.long), cache=cache)
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                model(torch.zeros(2, 1, dtype=torch.long), cache=cache)
-        names = [e.name for e in prof.events()]
-        counts.append({op: names.count(f"aten::{op}") for op in ("cos", "sin", "logspace", "ceil")})
-    assert counts[0]["cos"] >= 1 and (pos_emb == "pope" or counts[0] == counts[1]), counts
-    assert counts[1]["logspace"] == counts[1]["ceil"] == 0, counts
-
-
 def test_cache_dtype_follows_autocast(monkeypatch):
     torch.manual_seed(0)
     seen, real = [], KVCache.__init__
@@ -160,28 +132,6 @@ def test_bf16_weights_keep_the_phases_in_float32_and_decode_near_float32(pos_emb
         m(idx[:, :-1], cache=cache)
         out = m(idx[:, -1:], cache=cache)[0][:, -1]
     assert out.dtype == torch.bfloat16 and rel_err(out, ref) < 3e-2, (seed, rel_err(out, ref))
-
-
-@pytest.mark.parametrize("pos_emb", ["pope", "rope", "none"])
-def test_the_attention_takes_q_k_v_as_c_attn_splits_them(pos_emb, monkeypatch):
-    """q, k (as the probes see them; eval_frequencies.py reads them) and v (as KVCache.attend gets it) are
-    c_attn's output split into thirds, viewed per head: bitwise, with those strides, prefill and step."""
-    torch.manual_seed(0)
-    model = tiny(pos_emb, n_layer=1)
-    attn, seen = model.transformer.h[0].attn, {}
-    for name, mod in (("q", attn.q_probe), ("k", attn.k_probe), ("qkv", attn.c_attn)):
-        mod.register_forward_hook(lambda m, i, o, name=name: seen.__setitem__(name, o))
-    real = KVCache.attend
-    monkeypatch.setattr(KVCache, "attend", lambda self, layer, q, k, v, s: seen.__setitem__("v", v) or
-                        real(self, layer, q, k, v, s))
-    cache = KVCache(model, 2, 16, torch.float64)
-    with torch.no_grad():
-        for T in (5, 1):
-            model(torch.randint(0, 37, (2, T)), cache=cache)
-            want = [t.view(2, T, 2, 16).transpose(1, 2) for t in seen["qkv"].split(32, dim=2)]
-            for name, w in zip("qkv", want):  # (the strides of dims of size > 1: a size-1 dim's is arbitrary)
-                strides = [[s for s, n in zip(t.stride(), t.shape) if n > 1] for t in (seen[name], w)]
-                assert torch.equal(seen[name], w) and strides[0] == strides[1], (pos_emb, T, name, strides)
 
 
 def save_ckpt(model, path, meta):  # a checkpoint as sample.py reads it
