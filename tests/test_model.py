@@ -198,8 +198,8 @@ def test_yarn_is_the_published_form(s, L0, D, low, high):
                 31: 3.33380e-5}
         assert all(math.isclose(inv[i].item(), v, rel_tol=2e-5) for i, v in hand.items()), inv
         assert math.isclose(mscale, 1.1386294, rel_tol=1e-7)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=2 * D, block_size=L0, vocab_size=8, pos_emb="rope",
-                          rope_scaling=s))  # the model's layers hold it, from the config or set later
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=2 * D, block_size=2 * L0, vocab_size=8, pos_emb="rope",
+                          rope_scaling=s, rope_scaling_orig_len=L0))  # the layers hold it: from the config
     attn = model.transformer.h[0].attn
     assert torch.equal(attn.inv_freq, inv) and math.isclose(attn.scale, mscale ** 2 / math.sqrt(D))
     model.set_rope_scaling(1.0)
