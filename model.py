@@ -50,44 +50,34 @@ class GPTConfig:
 #     theta_c = base^(-c/D), c = 0..D-1                          D frequencies (RoPE: D/2)
 #     phi_q(t) = t*theta_c,  phi_k(s) = s*theta_c + delta_c      "where": position only
 #     a_ts = (1/sqrt(D)) sum_c mu_q[t,c] mu_k[s,c] cos((s-t)*theta_c + delta_c)
-# delta is a learned (H, D) phase bias per layer, kept in [-2pi, 0]. The score is the real dot product
-# of the 2D-long vectors [mu cos(phi), mu sin(phi)], so the PyTorch path builds those (pope_cos_sin,
-# then pope_cartesian) and calls SDPA. Values, softmax and the causal mask are unchanged.
-#
-# Porting: pope_kernel.py's kernels (training, decoding) take theta and delta from pope_frequencies and
-# pope_delta; the rest is copied in @triton.jit helpers: _softplus (pope_magnitude), _cos_sin (pope_cos_sin),
-# the Cartesian-tile helpers _cartesian_tile, _cartesian_grad (pope_cartesian, its backward). A variant: edit
-# here, run --attn_impl=torch, port it to those helpers; tests/test_kernel.py fails while they differ.
+# delta: a learned (H, D) phase bias per layer, kept in [-2pi, 0]. The score is the dot product of the
+# 2D-long [mu cos(phi), mu sin(phi)]: the PyTorch path builds those (pope_cos_sin, pope_cartesian) for SDPA.
+# Porting: pope_kernel.py takes theta and delta from pope_frequencies and pope_delta; the rest is copied in
+# its @triton.jit helpers _softplus (pope_magnitude), _cos_sin (pope_cos_sin), _cartesian_tile and
+# _cartesian_grad (pope_cartesian, its backward), _decode_turn (the decoding kernel's magnitudes). A variant:
+# edit here, run --attn_impl=torch, port it there; tests/test_kernel.py and tests/test_gpu.py fail till then.
 
-def pope_magnitude(x):
-    return F.softplus(x)
+pope_magnitude = F.softplus  # mu = softplus(x): a module global, so a variant (or a test) can replace it
 
-def pope_frequencies(D, base=10000.0, device=None, dtype=torch.float32):
-    """theta_c = base^(-c/D) for c = 0..D-1, rounded once from float64 (the kernels' too)."""
+def pope_frequencies(D, base=10000.0, device=None, dtype=torch.float32):  # rounded once from float64
     return torch.logspace(0, -(D - 1) / D, D, base=base, device=device, dtype=torch.float64).to(dtype)
 
-def pope_delta(delta, bound="wrap"):
-    """delta in [-2pi, 0]: "wrap" (mod 2pi), "clamp", "project" (+ GPT.project_delta_); RESULTS.md sec. 7"""
+def pope_delta(delta, bound="wrap"):  # into [-2pi, 0]; "project" also clamps the parameter (project_delta_)
     if bound == "wrap":
         return delta - math.tau * torch.ceil(delta.detach() / math.tau)
     return torch.clamp(delta, -math.tau, 0.0)
 
-def pope_cos_sin(positions, theta, delta=None):
-    """cos, sin of phi = t*theta (queries: (T, 2, D)) or s*theta + delta (keys: (H, T, 2, D))"""
-    phase = positions.to(theta.dtype)[:, None] * theta  # (T, D)
+def pope_cos_sin(positions, theta, delta=None):  # phi = t*theta: (T, 2, D), or + delta: (H, T, 2, D)
+    phase = positions.to(theta.dtype)[:, None] * theta
     if delta is not None:
         phase = phase + delta.to(theta.dtype)[..., None, :]
     return torch.stack([torch.cos(phase), torch.sin(phase)], dim=-2)
 
-def pope_cartesian(x, cos_sin, raw=True):
-    """[mu cos(phi), mu sin(phi)]: (B, H, T, 2D) in cos_sin's dtype, of x (B, H, T, D) the raw projection,
-    or its magnitudes mu with raw=False (KVCache's keys)."""
+def pope_cartesian(x, cos_sin, raw=True):  # (B, H, T, 2D) of the raw x, or (raw=False) of magnitudes x
     mu = pope_magnitude(x.to(cos_sin.dtype)) if raw else x
     return (mu.unsqueeze(-2) * cos_sin).flatten(-2)
 
-def pope_attention_torch(q, k, v, delta, *, causal=True, base=10000.0, q_offset=0):
-    """The PyTorch path, pope_kernel.pope_attention's contract (the tests hold the kernel to it): q (B, H, Tq,
-    D) at positions q_offset.., k, v (B, H, Tk, D) at 0..; delta (H, D) as given (pope_delta bounds it)."""
+def pope_attention_torch(q, k, v, delta, *, causal=True, base=10000.0, q_offset=0):  # as pope_attention
     qpos = torch.arange(q_offset, q_offset + q.size(2), device=q.device)
     kpos = torch.arange(k.size(2), device=q.device)
     theta = pope_frequencies(q.size(-1), base, q.device, torch.promote_types(q.dtype, torch.float32))
@@ -98,11 +88,8 @@ def pope_attention_torch(q, k, v, delta, *, causal=True, base=10000.0, q_offset=
                                           scale=1.0 / math.sqrt(q.size(-1)))
 
 # RoPE, with YaRN (Peng et al., arXiv 2309.00071) for longer contexts
-
 def yarn_inv_freq(head_dim, base, scale, orig_len, beta_fast=32.0, beta_slow=1.0):
-    """RoPE's inverse frequencies under YaRN and the logit factor mscale^2, as YaRN's reference code has them:
-    pairs that turn fast over the original context kept, slow ones divided by s, a linear ramp between them
-    (pair_index(b): where a pair makes b turns); mscale = 0.1 ln(s) + 1. s = 1: plain RoPE."""
+    # as YaRN's reference code: pairs turning fast over orig_len kept, slow ones / s, a linear ramp between
     theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     if scale <= 1.0:
         return theta.float(), 1.0
@@ -113,31 +100,26 @@ def yarn_inv_freq(head_dim, base, scale, orig_len, beta_fast=32.0, beta_slow=1.0
     theta = (1 - ramp) * theta + ramp * theta / scale
     return theta.float(), 0.1 * math.log(scale) + 1.0
 
-def rope_cos_sin(inv_freq, positions):
-    """apply_rope's cos and [-sin, sin] of the angles (T, D/2): (T, D) each."""
+def rope_cos_sin(inv_freq, positions):  # apply_rope's cos and [-sin, sin]: (T, D) each
     ang = positions.float()[:, None] * inv_freq
     cos, sin = ang.cos(), ang.sin()
     return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
-def apply_rope(x, cos, sin):
-    """Rotate (B, H, T, D) by rope_cos_sin's cos and sin: x[i] + 1j x[i + D/2] times e^(1j angle_i)."""
+def apply_rope(x, cos, sin):  # x[i] + 1j x[i + D/2] times e^(1j angle_i)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos.to(x.dtype) + torch.cat([x2, x1], dim=-1) * sin.to(x.dtype)
 
 # the model
-
 def use_pope_kernel(attn_impl, q, k, v, delta, *, compiled=None, decoding=False):
-    """The one rule for which attention runs: (True, why) for pope_kernel.py's kernels, (False, why) for the
-    PyTorch path; for a PoPE forward's q, k, v, delta, or (decoding) a KVCache's k and v, any pos_emb."""
+    """The one rule: (True, why) for pope_kernel.py, (False, why) for PyTorch; decoding: a KVCache's k, v."""
     if attn_impl == "torch":
         return False, "attn_impl='torch'"
     if pope_kernel is None and attn_impl == "triton":
         raise RuntimeError(f"attn_impl='triton' needs pope_kernel.py, but {KERNEL_MISSING}")
     if attn_impl == "auto" and not q.is_cuda:
         return False, f"attn_impl='auto' on {q.device.type}; the kernels run on CUDA"
-    # Until the kernel wins there (issue 44): on an H200, 124M, bf16, 32k tokens a step, torch.compile's
-    # PyTorch path beat the kernel past 1k tokens (ms/step, PyTorch vs kernel: 4k 100.2 vs 102.0, 16k 187.3
-    # vs 200.0); at 1k the kernel won (40.11 vs 41.13).
+    # Until the kernel wins there (issue 44): H200, 124M, bf16, 32k tokens a step, ms/step PyTorch vs kernel
+    # under torch.compile: 1k 41.13 vs 40.11, 4k 100.2 vs 102.0, 16k 187.3 vs 200.0.
     compiled = torch.compiler.is_compiling() if compiled is None else compiled
     if attn_impl == "auto" and compiled and not decoding and q.size(2) > 1024:
         return False, "attn_impl='auto', torch.compile, over 1024 tokens: there the PyTorch path is faster"
@@ -148,11 +130,8 @@ def use_pope_kernel(attn_impl, q, k, v, delta, *, compiled=None, decoding=False)
     return False, f"attn_impl={attn_impl!r}; the kernel does not take this input: {why}"
 
 class KVCache:
-    """generate()'s static cache of `context` slots a layer; a forward of T tokens writes slots pos..pos+T-1
-    and attends over those up to each; pos, a tensor, advances in place (a step replays as a CUDA graph).
-    Keys: RoPE's rotated, NoPE's as they are, PoPE's magnitudes mu_k alone (RoPE's bytes), each slot's phase
-    made as it is read (decoding kernel, else pope_cartesian): over a cache of Cartesian keys (2D wide),
-    5,283 vs 3,382 tokens/s (H200, batch 8, context 8k)."""
+    """generate()'s static cache of `context` slots a layer; pos advances in place (a CUDA graph replays).
+    PoPE's keys: mu_k alone, phases made as read (5,283 tok/s, Cartesian keys 3,382: H200, batch 8, 8k)."""
 
     def __init__(self, model, B, context, dtype):
         cfg, device, attns = model.config, model.lm_head.weight.device, [b.attn for b in model.transformer.h]
@@ -161,16 +140,16 @@ class KVCache:
         self.v = [torch.zeros_like(k) for k in self.k]
         self.kernel = use_pope_kernel(cfg.attn_impl, self.k[0], self.k[0], self.v[0], None, decoding=True)[0]
         self.slots, self.pos = torch.arange(context, device=device), torch.tensor(0, device=device)
-        launch = dict(pope_kernel.decode_launch(self.k[0]), counts=torch.zeros(B * H, dtype=torch.int32,
-                      device=device)) if self.kernel else {}  # picked once; counts: the kernel's chunk tally
-        self.pos_emb, self.dtype, self.turn = cfg.pos_emb, dtype, [launch] * cfg.n_layer  # turn: per layer
+        self.pos_emb, self.dtype = cfg.pos_emb, dtype
+        turn = dict(pope_kernel.decode_launch(self.k[0]), counts=torch.zeros(B * H, dtype=torch.int32,
+                    device=device)) if self.kernel else {}  # picked once; counts: the kernel's chunk tally
+        if cfg.pos_emb == "rope":  # (every layer's is the same)
+            turn["inv_freq"] = self.inv_freq = attns[0].inv_freq
+        self.turn = [turn] * cfg.n_layer  # the decoding kernel's arguments, per layer
         if cfg.pos_emb == "pope":  # theta and the bounded deltas, read once, in the dtype of the phases
             self.theta = pope_frequencies(D, cfg.pope_base, device, torch.promote_types(dtype, torch.float32))
             self.delta = torch.stack([pope_delta(a.delta, a.delta_bound) for a in attns]).to(self.theta.dtype)
-            self.turn = [dict(launch, theta=self.theta, delta=d) for d in self.delta]
-        if cfg.pos_emb == "rope":  # (every layer's is the same)
-            self.inv_freq = attns[0].inv_freq
-            self.turn = [dict(launch, inv_freq=self.inv_freq)] * cfg.n_layer
+            self.turn = [dict(turn, theta=self.theta, delta=d) for d in self.delta]
 
     def start(self, T):  # GPT.forward's: the positions of its T tokens, the mask, RoPE's rotation per layer
         self.positions = self.pos.view(1) if T == 1 else self.pos + self.slots[:T]  # (pos advances after)
@@ -204,20 +183,11 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         # hooks (identities): q and k as projected, before RoPE or a cache (eval_frequencies.py reads them)
         self.q_probe, self.k_probe = nn.Identity(), nn.Identity()
-        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.scale = 1.0 / math.sqrt(self.head_dim)  # (RoPE's, and its inv_freq: GPT.set_rope_scaling)
         if self.pos_emb == "pope":  # delta: the keys' learned phase bias (initialised in GPT.__init__)
             self.delta = nn.Parameter(torch.zeros(config.n_head, self.head_dim))
-            self.delta_bound = config.pope_delta_bound
-            self.pope_base = config.pope_base  # theta: the kernel's, float32
+            self.delta_bound, self.pope_base = config.pope_delta_bound, config.pope_base
             self.register_buffer("theta", pope_frequencies(self.head_dim, config.pope_base), persistent=False)
-        if self.pos_emb == "rope":
-            self.set_rope_scaling(config.rope_base, config.rope_scaling,
-                                  config.rope_scaling_orig_len or config.block_size)
-
-    def set_rope_scaling(self, base, scale, orig_len):
-        inv_freq, mscale = yarn_inv_freq(self.head_dim, base, scale, orig_len)
-        self.register_buffer("inv_freq", inv_freq.to(self.c_attn.weight.device), persistent=False)
-        self.scale = mscale ** 2 / math.sqrt(self.head_dim)
 
     def forward(self, x, cache=None):
         B, T, C = x.size()
@@ -280,6 +250,8 @@ class GPT(nn.Module):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
             if pn.endswith("attn.delta") and config.pope_delta_init == "uniform":
                 torch.nn.init.uniform_(p, -math.tau, 0.0)
+        if config.pos_emb == "rope":  # each layer's inv_freq and scale
+            self.set_rope_scaling(config.rope_scaling)
 
     @torch.no_grad()
     def project_delta_(self):  # pope_delta_bound="project": train.py clamps delta after every step
@@ -305,9 +277,7 @@ class GPT(nn.Module):
         kernel, why = use_pope_kernel(cfg.attn_impl, q, q, q, q[0, :, 0], compiled=compiled)
         return f"pope: {'the kernel of pope_kernel.py' if kernel else 'the PyTorch path of model.py'} ({why})"
 
-    def forward(self, idx, targets=None, loss_mask=None, cache=None):
-        """idx (B, T) token ids. With targets (B, T): all logits and the mean cross-entropy over the positions
-        where loss_mask (B, T) is nonzero (all without a mask). Without: the last position's logits only."""
+    def forward(self, idx, targets=None, loss_mask=None, cache=None):  # loss: mean where loss_mask != 0
         x = self.transformer.drop(self.transformer.wte(idx))
         if cache is not None:
             cache.start(idx.size(1))
@@ -325,13 +295,15 @@ class GPT(nn.Module):
         m = loss_mask.reshape(-1).to(loss.dtype)
         return logits, (loss * m).sum() / m.sum().clamp(min=1.0)
 
-    def set_rope_scaling(self, scale, orig_len=None):  # YaRN on (scale > 1) or off (1.0) at eval time
-        if self.config.pos_emb != "rope" or scale < 1.0:
+    def set_rope_scaling(self, scale, orig_len=None):  # YaRN on (scale > 1) or off (1.0), also at eval time
+        cfg, D = self.config, self.config.n_embd // self.config.n_head
+        if cfg.pos_emb != "rope" or scale < 1.0:
             raise ValueError(f"rope_scaling (YaRN) must be >= 1 and is for pos_emb='rope' only; got {scale}")
-        orig_len = orig_len or self.config.rope_scaling_orig_len or self.config.block_size
-        self.config.rope_scaling, self.config.rope_scaling_orig_len = float(scale), int(orig_len)
+        cfg.rope_scaling, cfg.rope_scaling_orig_len = float(scale), int(orig_len or cfg.rope_scaling_orig_len)
+        inv_freq, mscale = yarn_inv_freq(D, cfg.rope_base, scale, cfg.rope_scaling_orig_len or cfg.block_size)
         for block in self.transformer.h:
-            block.attn.set_rope_scaling(self.config.rope_base, scale, orig_len)
+            block.attn.register_buffer("inv_freq", inv_freq.to(self.lm_head.weight.device), persistent=False)
+            block.attn.scale = mscale ** 2 / math.sqrt(D)
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):  # delta is not decayed
         groups = [{"params": [], "weight_decay": weight_decay}, {"params": [], "weight_decay": 0.0}]
@@ -351,9 +323,8 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, vocab_size=None, context=None,
                  mode="eager", times=None):
-        """max_new_tokens continuations of idx (B, T) on a KVCache of `context` slots (default block_size),
-        then from the last `context` tokens (a forward a token). No ids >= vocab_size; temperature 0: greedy.
-        mode: the one-token step "eager", or (CUDA) replayed as a "graph", compiled first ("compile")."""
+        """On a KVCache of `context` slots (block_size), then over the last `context` tokens; the one-token
+        step "eager", or on CUDA a "graph" ("compile": compiled first); temperature 0: greedy."""
         device, N, (B, T0) = self.lm_head.weight.device, context or self.config.block_size, idx.shape
         if mode not in ("eager", "graph", "compile") or mode != "eager" and device.type != "cuda":
             raise ValueError(f"mode must be 'eager', or on CUDA 'graph' or 'compile'; got {mode!r}, {device}")
@@ -386,8 +357,7 @@ class GPT(nn.Module):
             times.update(prefill=t1 - t0, capture=t2 - t1, decode=clock() - t2)
         return out
 
-def sample_next(logits, temperature=1.0, top_k=None, vocab_size=None):
-    """One id per row of logits (B, V), < vocab_size; greedy at temperature 0. Gumbel-max (no host sync)."""
+def sample_next(logits, temperature=1.0, top_k=None, vocab_size=None):  # Gumbel-max: no host sync
     logits = logits[:, :vocab_size]  # a view: the ids past vocab_size (padding rows) are never drawn
     if temperature == 0 or top_k == 1:
         return logits.argmax(dim=-1, keepdim=True)
@@ -399,8 +369,7 @@ def sample_next(logits, temperature=1.0, top_k=None, vocab_size=None):
     return i if ids is None else ids.gather(-1, i)
 
 def cuda_graph(fn, state=(), compile=False, warmup=1):
-    """fn() (compiled first with compile) as one CUDA graph: (replay, fn's output in the capture). The warm-up
-    calls run on a side stream (compilation, cuBLAS set-up); the tensors in state are then put back."""
+    # (replay, fn's output): warm-up calls on a side stream (compilation, cuBLAS), state put back, capture
     if compile:  # freezing folds the weights' casts once instead of running them at every step
         fn = torch.compile(fn, fullgraph=True, options={"freezing": True})
     saved = [t.detach().clone() for t in state]
@@ -417,13 +386,11 @@ def cuda_graph(fn, state=(), compile=False, warmup=1):
     return graph.replay, out
 
 # checkpoints: the one reader (train.py's resume and fine-tune, sample.py, the eval scripts)
-
-class CheckpointError(ValueError):
-    """The file is not an intact train.py checkpoint; the message is one line, naming the file."""
+class CheckpointError(ValueError):  # not an intact train.py checkpoint: one line, naming the file
+    pass
 
 def read_checkpoint(path, device="cpu"):
-    """A train.py checkpoint's dict (weights_only=True). CheckpointError: missing, damaged (the zip's
-    CRCs: torch.load checks none), code-running, not train.py's, non-finite weights."""
+    """A train.py checkpoint's dict (weights_only=True); the zip's CRCs checked (torch.load checks none)."""
     try:
         with zipfile.ZipFile(path) as z:
             if (bad := z.testzip()) is not None:
@@ -434,16 +401,14 @@ def read_checkpoint(path, device="cpu"):
     except (zipfile.BadZipFile, EOFError, RuntimeError) as e:
         raise CheckpointError(f"{path} is not a checkpoint torch.save wrote, or is cut short ({e})") from None
     except pickle.UnpicklingError:
-        raise CheckpointError(f"{path} is refused: loading it would run code (train.py writes tensors and "
-                              "plain types only)") from None
+        raise CheckpointError(f"{path} is refused: loading it would run code") from None
     if not (isinstance(ckpt, dict) and all(isinstance(ckpt.get(k), dict) for k in ("model", "model_args"))):
         raise CheckpointError(f"{path} is not a train.py checkpoint (a dict with 'model' and 'model_args')")
     if bad := [k for k, v in ckpt["model"].items() if not torch.isfinite(v).all()]:
         raise CheckpointError(f"{path} has NaN or inf weights ({bad[0]}, {len(bad) - 1} more): it diverged")
     return ckpt
 
-def load_checkpoint(path, device="cpu", **overrides):
-    """(model in eval mode, checkpoint dict) from read_checkpoint; overrides replace GPTConfig fields."""
+def load_checkpoint(path, device="cpu", **overrides):  # (model in eval mode, checkpoint); GPTConfig overrides
     ckpt = read_checkpoint(path, device)
     model = GPT(GPTConfig(**{**ckpt["model_args"], **overrides}))
     model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})

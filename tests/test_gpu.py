@@ -1,8 +1,12 @@
-"""The PoPE kernels on a CUDA GPU (skipped without one): the training kernel's output and four gradients
-against a float64 reference written from the formula, with its first configs and autotuned, every buffer
-starting as NaN; two backward runs bitwise equal; torch.compile's path; the decoding kernel against float64
-at context 8k; greedy decoding on a CUDA graph equal to eager decoding. Every random draw seeded."""
+"""On a CUDA GPU (skipped without one): the kernels against float64 references written from the formula
+(training: output and four gradients, first configs and autotuned, buffers starting as NaN, bitwise
+repeatable; decoding at context 8k), torch.compile's path, CUDA graphs (decoding, train.py's step) equal to
+eager, the attention rule. Every random draw seeded."""
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -83,10 +87,6 @@ def test_compiled_equals_eager():
         assert torch.equal(a, b), f"seed=1: {name} differs compiled, rel err {rel_err(a, b):.1e}"
 
 
-def softplus_f64(x):
-    return F.softplus(x.double())
-
-
 @pytest.mark.parametrize("mode,B,Dk", [("ready", 1, 128), ("ready", 8, 64), ("pope", 8, 64), ("rope", 1, 64)])
 def test_decoding_kernel_against_float64_at_8k(mode, B, Dk):
     """decode_attention at the 124M model's shapes (12 heads, D = 64), context 8192, bf16, at slot 0, in a
@@ -98,10 +98,9 @@ def test_decoding_kernel_against_float64_at_8k(mode, B, Dk):
     g = torch.Generator("cuda").manual_seed(Dk + B)
     th = pope_frequencies(D, device="cuda")
     delta = -2 * math.pi * torch.rand(H, D, device="cuda", generator=g)
-    turn = {"ready": {}, "pope": dict(theta=th, delta=delta), "rope": dict(inv_freq=th[::2].contiguous())}
-    turn = turn[mode]
+    turn = dict(ready={}, pope=dict(theta=th, delta=delta), rope=dict(inv_freq=th[::2].contiguous()))[mode]
     kc = torch.randn(B, H, N, Dk, device="cuda", generator=g)
-    kc = (softplus_f64(2 * kc) if mode == "pope" else kc).bfloat16()
+    kc = (F.softplus(2 * kc.double()) if mode == "pope" else kc).bfloat16()
     vc = torch.randn(B, H, N, D, device="cuda", generator=g).bfloat16()
     counts = torch.zeros(B * H, dtype=torch.int32, device="cuda")
     for pos in (0, 100, 5000, 8191):
@@ -115,9 +114,9 @@ def test_decoding_kernel_against_float64_at_8k(mode, B, Dk):
         keys = torch.cat([kc[:, :, :pos].double(), new_k], 2)
         a = (keys @ qt.mT)[..., 0]
         if mode == "pope":
-            keys = torch.cat([kc[:, :, :pos].double(), softplus_f64(k)], 2)
+            keys = torch.cat([kc[:, :, :pos].double(), F.softplus(k)], 2)
             phase = torch.arange(-pos, 1, device="cuda").double()[:, None] * th.double() + delta[:, None]
-            a = (softplus_f64(q) * keys * torch.cos(phase)).sum(-1)
+            a = (F.softplus(q) * keys * torch.cos(phase)).sum(-1)
         ref = torch.softmax(0.125 * a, -1)[:, :, None] @ torch.cat([vc[:, :, :pos], v], 2).double()
         at = torch.tensor([pos], device="cuda")
         out = pk.decode_attention(q, k, v, kc, vc, at, 0.125, counts=counts, **turn)
@@ -142,3 +141,33 @@ def test_graphed_decoding_equals_eager(pos_emb):
         runs = [model.generate(prompt, 220, temperature=0.0, vocab_size=500, context=256, mode=mode)
                 for mode in ("eager", "graph")]
     assert torch.equal(runs[0], runs[1]) and runs[0][:, 100:].unique().numel() >= 5, runs
+
+
+def test_auto_takes_the_pytorch_path_past_1024_tokens_compiled():
+    """use_pope_kernel's rule (issue 44): compiled, 'auto' runs the kernel up to 1024 tokens, the PyTorch path
+    past them; uncompiled, the kernel at every length; attention_path reports the same."""
+    from model import GPT, GPTConfig, use_pope_kernel
+    for T, compiled, want in ((1024, True, True), (1025, True, False), (4096, False, True)):
+        q = torch.zeros(1, 12, T, 64, device="cuda", dtype=torch.bfloat16)
+        assert use_pope_kernel("auto", q, q, q, q[0, :, 0].float(), compiled=compiled)[0] == want, T
+        m = GPT(GPTConfig(n_layer=1, n_head=12, n_embd=768, vocab_size=64, block_size=T)).cuda()
+        assert ("kernel of pope_kernel.py" in m.attention_path(compiled=compiled)) == want, (T, compiled)
+
+
+def test_graphed_training_step_equals_the_eager_step(data_root, tmp_path):
+    """train.py --cuda_graph=True (the optimizer step as one CUDA graph through model.cuda_graph, capturable
+    AdamW, the batches gathered on the GPU) logs the eager run's losses: float32, 6 steps of a tiny PoPE."""
+    train = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train.py")
+    losses = []
+    for graph in (False, True):
+        args = [f"--data_dir={data_root}", *(f"--dataset=toy --out_dir=g{graph} --n_layer=2 --n_head=2 "
+                "--n_embd=64 --block_size=64 --batch_size=4 --gradient_accumulation_steps=2 --max_iters=6 "
+                "--eval_iters=1 --eval_interval=100 --log_interval=1 --warmup_iters=2 --learning_rate=3e-3 "
+                f"--device=cuda --dtype=float32 --cuda_graph={graph}").split()]
+        p = subprocess.run([sys.executable, train, *args], cwd=tmp_path, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr[-3000:]
+        records = [json.loads(line) for line in open(tmp_path / f"g{graph}" / "metrics.jsonl")]
+        losses.append([r["loss"] for r in records if "loss" in r])
+    eager, graphed = losses  # (AdamW: fused eagerly, foreach and capturable in the graph: not bitwise)
+    assert len(eager) == 6 and eager[-1] < eager[0], eager
+    assert all(abs(a - b) <= 1e-3 * abs(b) for a, b in zip(graphed, eager)) and len(graphed) == 6, losses
