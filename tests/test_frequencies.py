@@ -63,82 +63,31 @@ def run(args, tmp_path):
     return on_disk
 
 
-@pytest.mark.parametrize("pe,extra", [("pope", dict(pope_base=500.0)), ("rope", {}),
-                                      ("rope", dict(rope_scaling=4.0, rope_scaling_orig_len=8)),
-                                      ("none", {})])
-def test_shapes_and_frequency_order(data, tmp_path, pe, extra):
-    path = save(tiny(0, pos_emb=pe, **extra), tmp_path / "m.pt")
-    m = run(["--ckpt", path, "--data", data, "--tokens", 256], tmp_path)["models"]["m"]
-    D, C = 8, 8 if pe == "pope" else 4
-    assert (m["pos_emb"], m["tokens"], m["window"]) == (pe, 256, 16)
-    for key in ("q_mag", "k_mag", "weight"):
-        assert np.array(m[key]).shape == (2, 2, C) and np.all(np.array(m[key]) > 0)
-    share, freq = np.array(m["share"]), np.array(m["freq"])
-    assert share.shape == (2, C) and np.allclose(share.sum(1), 1.0, atol=1e-12)
-    assert np.all(np.diff(freq) < 0)  # highest frequency first
-    if pe == "pope":  # theta_c = base^(-c/D), channel c = dim c
-        assert m["dims"] == [[c] for c in range(D)]
-        np.testing.assert_allclose(freq, 500.0 ** (-np.arange(D) / D), rtol=1e-12)
-    else:  # apply_rope pairs dim i with i + D/2; the model's inv_freq (YaRN's where set) is the frequency
-        assert m["dims"] == [[i, i + D // 2] for i in range(C)]
-        ref = yarn_inv_freq(D, 10000.0, extra.get("rope_scaling", 1.0),
-                            extra.get("rope_scaling_orig_len", 16))[0]
-        np.testing.assert_allclose(freq, ref.double().numpy(), rtol=1e-6)
-    n_top = max(1, C // 4)
-    assert m["top_quarter"] == n_top
-    np.testing.assert_allclose(m["top_quarter_share"], share[:, :n_top].sum(1), rtol=1e-12)
-    assert m["top_quarter_share_mean"] == pytest.approx(np.mean(m["top_quarter_share"]), rel=1e-12)
-
-
-def planted(pe, seed, channel):
-    """q/k projections that ignore the input (weights 0) and put everything into one channel through the
-    bias."""
-    model = tiny(seed, pos_emb=pe, bias=True)
-    C, D, g = 16, 8, torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for block in model.transformer.h:
-            w, b = block.attn.c_attn.weight, block.attn.c_attn.bias
-            w[:2 * C] = 0
-            b[:2 * C] = -30.0 if pe == "pope" else 0.0  # softplus(-30) ~ 1e-13; RoPE: norm 0
-            for h in range(2):
-                for part in (0, C):  # q, then k
-                    dims = [channel] if pe == "pope" else [channel, channel + D // 2]
-                    b[[part + h * D + d for d in dims]] = 1.0 + 4.0 * torch.rand(len(dims), generator=g)
-    return model
-
-
-@pytest.mark.parametrize("pe,channel", [("pope", 1), ("pope", 5), ("rope", 0), ("rope", 2)])
-def test_planted_channel_carries_the_weight(data, tmp_path, pe, channel):
-    """channel 1 of PoPE's 8 and 0 of RoPE's 4 are in the top quarter, 5 and 2 are not."""
-    model = planted(pe, 10 + channel, channel)
-    m = run(["--ckpt", save(model, tmp_path / "m.pt"), "--data", data, "--tokens", 64],
-            tmp_path)["models"]["m"]
-    share = np.array(m["share"])
-    assert (share.argmax(1) == channel).all(), share
-    np.testing.assert_allclose(share[:, channel], 1.0, atol=1e-10)
-    in_top = channel < max(1, len(m["freq"]) // 4)
-    np.testing.assert_allclose(m["top_quarter_share"], 1.0 if in_top else 0.0, atol=1e-10)
-    b = model.transformer.h[1].attn.c_attn.bias.double()  # layer 1, head 1: its q and k magnitudes, by hand
-    if pe == "pope":
-        mq, mk = F.softplus(b[8 + channel]), F.softplus(b[16 + 8 + channel])
-    else:
-        mq, mk = torch.hypot(b[8 + channel], b[12 + channel]), torch.hypot(b[24 + channel], b[28 + channel])
-    assert m["q_mag"][1][1][channel] == pytest.approx(mq.item(), rel=1e-6)
-    assert m["k_mag"][1][1][channel] == pytest.approx(mk.item(), rel=1e-6)
-    assert m["weight"][1][1][channel] == pytest.approx((mq * mk).item(), rel=1e-6)
-
-
-@pytest.mark.parametrize("pe", ["pope", "rope"])
-def test_magnitudes_and_weight_match_a_float64_reference(data, tmp_path, pe):
-    """mu = softplus(q) (PoPE) or the norm of (q_i, q_i+D/2) (RoPE) from the projections computed here in
-    float64; weight = the mean over causal pairs s <= t by an explicit mask. rtol 2e-5: the script runs
-    the model in float32 (on the CPU: no TF32)."""
-    model = tiny(20, pos_emb=pe)
+@pytest.mark.parametrize("pe,extra", [("pope", dict(pope_base=500.0)), ("rope", {}), ("none", {}),
+                                      ("rope", dict(rope_scaling=4.0, rope_scaling_orig_len=8))])
+def test_every_number_against_a_float64_reference(data, tmp_path, pe, extra):
+    """Frequencies: PoPE's channel c (dim c) at base^(-c/D); RoPE's pair (i, i + D/2) at the model's
+    inv_freq (YaRN's where set), NoPE's at plain RoPE's. mu = softplus(q) (PoPE) or the pair's norm, from
+    projections computed here in float64; weight = the mean over causal pairs s <= t by an explicit mask;
+    share = weight summed over heads, each layer's row normalised. rtol 2e-5: the script runs the model in
+    float32 (on the CPU: no TF32)."""
+    model = tiny(20, pos_emb=pe, **extra)
     with torch.no_grad():  # larger weights than the init, so that softplus is far from linear
         for block in model.transformer.h:
             block.attn.c_attn.weight.mul_(40.0)
     m = run(["--ckpt", save(model, tmp_path / "m.pt"), "--data", data, "--tokens", 48],
             tmp_path)["models"]["m"]
+    D, C = 8, 8 if pe == "pope" else 4
+    assert (m["pos_emb"], m["tokens"], m["window"], m["top_quarter"]) == (pe, 48, 16, C // 4)
+    if pe == "pope":
+        assert m["dims"] == [[c] for c in range(D)]
+        np.testing.assert_allclose(m["freq"], 500.0 ** (-np.arange(D) / D), rtol=1e-12)
+    else:
+        assert m["dims"] == [[i, i + D // 2] for i in range(C)]
+        theta = 10000.0 ** (-np.arange(0, D, 2) / D)
+        if extra:  # YaRN (its formula: test_model.py)
+            theta = yarn_inv_freq(D, 10000.0, 4.0, 8)[0].double().numpy()
+        np.testing.assert_allclose(m["freq"], theta, rtol=1e-6)
     idx = torch.from_numpy(np.fromfile(data, dtype=np.uint16)[:48].astype(np.int64)).view(3, 16)
     ref = copy.deepcopy(model).double().requires_grad_(False)
     x = ref.transformer.wte(idx)
@@ -152,9 +101,12 @@ def test_magnitudes_and_weight_match_a_float64_reference(data, tmp_path, pe):
         else:
             mq, mk = torch.hypot(q[..., :4], q[..., 4:]), torch.hypot(k[..., :4], k[..., 4:])
         w = torch.einsum("bhtc,ts,bhsc->hc", mq, causal, mk) / (3 * causal.sum())
-        for key, want in (("q_mag", mq.mean((0, 2))), ("k_mag", mk.mean((0, 2))), ("weight", w)):
-            np.testing.assert_allclose(m[key][layer], want.numpy(), rtol=2e-5, err_msg=f"layer {layer}")
+        share = w.sum(0) / w.sum()
+        for key, want in (("q_mag", mq.mean((0, 2))), ("k_mag", mk.mean((0, 2))), ("weight", w),
+                          ("share", share), ("top_quarter_share", share[:C // 4].sum())):
+            np.testing.assert_allclose(m[key][layer], want.numpy(), rtol=2e-5, err_msg=f"{key} {layer}")
         x = block(x)  # the next layer's input
+    assert m["top_quarter_share_mean"] == pytest.approx(np.mean(m["top_quarter_share"]), rel=1e-12)
 
 
 def test_rows_are_read_a_window_per_row(tmp_path):
