@@ -114,30 +114,30 @@ def window_nll64(model, ids, L, B):
     return out
 
 
-@pytest.mark.parametrize("pe", ["pope", "rope"])
-def test_nll_by_length_and_position_against_a_float64_reference(env, tmp_path, pe):
+def test_nll_by_length_and_position_against_a_float64_reference(env, tmp_path):
     """The NLL at each length and its mean per position bucket, against per-token NLLs computed here in
-    float64 from the documented windows: B = 400 scored tokens at lengths 48 and 80 (48 ends in a short
-    window of 16), buckets of 20 (the last bucket of 48 is 8 positions)."""
+    float64 from the documented windows: the PoPE and RoPE checkpoints in one run, B = 400 scored tokens
+    at lengths 48 and 80 (48 ends in a short window of 16), buckets of 20 (the last of 48: 8 positions)."""
     B = 400
-    m = run_eval(["--ckpt", env.ckpts[pe], "--data", env.val, "--lengths", "48,80", "--max_tokens", str(B),
-                  "--bucket_size", "20"], tmp_path)["models"][f"out-{pe}"]
-    model, _ = load_checkpoint(env.ckpts[pe], device="cpu")
+    js = run_eval(["--ckpt", env.ckpts["pope"], env.ckpts["rope"], "--data", env.val, "--lengths", "48,80",
+                   "--max_tokens", str(B), "--bucket_size", "20"], tmp_path)
     ids = torch.from_numpy(env.val_ids[:B + 1].astype(np.int64))
-    for L in (48, 80):
-        ref, r = window_nll64(model, ids, L, B), m["results"][str(L)]
-        assert abs(r["nll"] - sum(v for _, v in ref) / B) < 1e-5
-        assert math.isclose(r["ppl"], math.exp(r["nll"]))
-        starts = range(0, L, 20)
-        assert [(b["start"], b["end"]) for b in r["buckets"]] == [(a, min(a + 20, L)) for a in starts]
-        for b in r["buckets"]:
-            vals = [v for p, v in ref if b["start"] <= p < b["end"]]
-            assert b["tokens"] == len(vals) and abs(b["nll"] - sum(vals) / len(vals)) < 1e-5, (L, b)
-        # a trained model: the buckets differ (little context in the first), so a mix-up of positions shows
-        assert np.ptp([b["nll"] for b in r["buckets"]]) > 0.01, (L, r)
-    assert [b["tokens"] for b in m["results"]["48"]["buckets"]] == [8 * 20 + 16, 8 * 20, 8 * 8]
-    change = 100 * (m["results"]["80"]["ppl"] / m["results"]["48"]["ppl"] - 1)  # the longest vs the shortest
-    assert m["ppl_change_pct"] == pytest.approx(change, rel=1e-12)
+    for pe, ckpt in env.ckpts.items():
+        m, model = js["models"][f"out-{pe}"], load_checkpoint(ckpt, device="cpu")[0]
+        for L in (48, 80):
+            ref, r = window_nll64(model, ids, L, B), m["results"][str(L)]
+            assert abs(r["nll"] - sum(v for _, v in ref) / B) < 1e-5, (pe, L)
+            assert math.isclose(r["ppl"], math.exp(r["nll"]))
+            starts = range(0, L, 20)
+            assert [(b["start"], b["end"]) for b in r["buckets"]] == [(a, min(a + 20, L)) for a in starts]
+            for b in r["buckets"]:
+                vals = [v for p, v in ref if b["start"] <= p < b["end"]]
+                assert b["tokens"] == len(vals) and abs(b["nll"] - sum(vals) / len(vals)) < 1e-5, (pe, L, b)
+            # a trained model: the buckets differ (little context in the first): a mix-up of positions shows
+            assert np.ptp([b["nll"] for b in r["buckets"]]) > 0.01, (pe, L, r)
+        assert [b["tokens"] for b in m["results"]["48"]["buckets"]] == [8 * 20 + 16, 8 * 20, 8 * 8]
+        change = 100 * (m["results"]["80"]["ppl"] / m["results"]["48"]["ppl"] - 1)  # the longest vs shortest
+        assert m["ppl_change_pct"] == pytest.approx(change, rel=1e-12)
 
 
 @pytest.mark.parametrize("lengths, cap, short", [(None, 320, False), ("64,320", None, False),
@@ -164,19 +164,6 @@ def test_every_length_scores_the_same_tokens(env, tmp_path, lengths, cap, short)
     for L in Ls:
         r = m["results"][str(L)]
         assert (r["tokens"], r["windows"], r["short_window"]) == (B, *divmod(B, L)), (L, r)
-
-
-def test_several_checkpoints_and_nope(env, tmp_path):
-    """--labels names the series; the smallest block size sets the default lengths; a checkpoint written by
-    hand with pos_emb='none' runs at any length."""
-    torch.manual_seed(0)
-    args = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=len(env.itos), pos_emb="none")
-    torch.save({"model": GPT(GPTConfig(**args)).state_dict(), "model_args": args, "config": {},
-                "meta": env.meta}, tmp_path / "nope.pt")
-    js = run_eval(["--ckpt", tmp_path / "nope.pt", env.ckpts["pope"], "--labels", "NoPE,PoPE",
-                   "--data", env.val, "--max_tokens", "400"], tmp_path)
-    assert list(js["models"]) == ["NoPE", "PoPE"] and js["lengths"] == [16 * k for k in range(1, 11)]
-    assert all(0 < r["nll"] < 10 for m in js["models"].values() for r in m["results"].values())
 
 
 def test_text_reads_as_its_tokens(tmp_path, shared_data, monkeypatch):
@@ -265,41 +252,28 @@ def test_hf_source_through_datasets(env, tmp_path, monkeypatch):
         assert named in script_error(ex.main, [*args, "--no_progress", "--device", "cpu"])
 
 
-def finetune(env, tmp_path, source, *extra):
-    """train.py config/finetune_long.py for 3 steps at context 128 from the tiny <source> checkpoint, 1 warmup
-    step, a cosine to 0 over 4 steps (were the lr decayed, step 2 would show it); returns (out_dir, its
-    checkpoint, the lr of steps 0, 1, 2 from metrics.jsonl)."""
-    out = tmp_path / f"out-{source}-ft"
-    run_train([os.path.join(ROOT, "config", "finetune_long.py"), f"--init_from={env.ckpts[source]}",
-               "--dataset=shk", f"--data_dir={env.root / 'data'}", f"--out_dir={out}", "--device=cpu",
-               "--block_size=128", "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=3",
-               "--warmup_iters=1", "--lr_decay_iters=4", "--min_lr=0.0", "--log_interval=1",
-               "--eval_interval=3", "--eval_iters=1", *extra], cwd=tmp_path)
-    lrs = [r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "lr" in r]
-    return out, torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False), lrs
-
-
-def test_finetune_yarn_end_to_end_and_eval_rule(env, tmp_path):
-    """The README's RoPE+YaRN command (--rope_scaling=4.0) on the tiny RoPE checkpoint (context 32 -> 128,
-    s = 4), then the eval: the checkpoint's own series keeps s = 4; --yarn uses max(4, L / 32)."""
-    out, ck, _ = finetune(env, tmp_path, "rope", "--rope_scaling=4.0")
-    ma = ck["model_args"]
-    assert (ma["pos_emb"], ma["block_size"], ma["rope_scaling"], ma["rope_scaling_orig_len"]) == \
-        ("rope", 128, 4.0, BLOCK)
-    js = run_eval(["--ckpt", out / "ckpt.pt", "--data", env.val, "--lengths", "32,128,256",
+def test_finetune_long_end_to_end(env, tmp_path):
+    """config/finetune_long.py as the README runs it, 3 steps at context 128 from the tiny checkpoints (1
+    warmup step, a cosine to 0 over 4 steps: were the lr decayed, step 2 would show it). PoPE as it is, at the
+    recipe's lr: half of 6e-5 in the warmup step, then 6e-5 with no decay. RoPE+YaRN (--rope_scaling=4.0,
+    context 32 -> 128), then the eval: the checkpoint's own series keeps s = 4; --yarn uses max(4, L / 32)."""
+    for pe, extra in (("pope", []), ("rope", ["--rope_scaling=4.0"])):
+        run_train([os.path.join(ROOT, "config", "finetune_long.py"), f"--init_from={env.ckpts[pe]}",
+                   "--dataset=shk", f"--data_dir={env.root / 'data'}", f"--out_dir={tmp_path / pe}",
+                   "--device=cpu", "--block_size=128", "--batch_size=2", "--gradient_accumulation_steps=1",
+                   "--max_iters=3", "--warmup_iters=1", "--lr_decay_iters=4", "--min_lr=0.0",
+                   "--log_interval=1", "--eval_interval=3", "--eval_iters=1", *extra], cwd=tmp_path)
+        ck = torch.load(tmp_path / pe / "ckpt.pt", map_location="cpu", weights_only=True)
+        ma = ck["model_args"]
+        assert (ma["pos_emb"], ma["block_size"], ck["iter_num"], ma["rope_scaling"]) == \
+            (pe, 128, 3, 4.0 if extra else 1.0)
+    assert ma["rope_scaling_orig_len"] == BLOCK
+    lines = (tmp_path / "pope" / "metrics.jsonl").read_text().splitlines()
+    assert [r["lr"] for r in map(json.loads, lines) if "lr" in r] == [3e-5, 6e-5, 6e-5]
+    js = run_eval(["--ckpt", tmp_path / "rope" / "ckpt.pt", "--data", env.val, "--lengths", "32,128,256",
                    "--max_tokens", "512", "--yarn"], tmp_path)
-    plain, yarn = js["models"]["out-rope-ft"], js["models"]["out-rope-ft+YaRN"]
-    assert plain["yarn"]["ckpt_scale"] == 4.0 and plain["yarn"]["orig_len"] == BLOCK
+    plain, yarn = js["models"]["rope"], js["models"]["rope+YaRN"]
+    assert (plain["yarn"]["ckpt_scale"], plain["yarn"]["orig_len"], plain["block_size"]) == (4.0, BLOCK, 128)
     assert [plain["results"][L]["rope_scaling"] for L in ("32", "128", "256")] == [4.0, 4.0, 4.0]
     assert [yarn["results"][L]["rope_scaling"] for L in ("32", "128", "256")] == [4.0, 4.0, 8.0]
     assert plain["results"]["128"]["nll"] == yarn["results"]["128"]["nll"]
-    assert js["lengths"] == [32, 128, 256] and plain["block_size"] == 128
-
-
-def test_finetune_pope_end_to_end(env, tmp_path):
-    """The README's PoPE+ft command: the PoPE checkpoint as it is (no YaRN), at the recipe's lr: half of 6e-5
-    in the one warmup step, then 6e-5 with no decay."""
-    _, ck, lrs = finetune(env, tmp_path, "pope")
-    assert ck["model_args"]["pos_emb"] == "pope" and ck["model_args"]["block_size"] == 128
-    assert ck["model_args"]["rope_scaling"] == 1.0 and ck["iter_num"] == 3
-    assert lrs == [3e-5, 6e-5, 6e-5], lrs
