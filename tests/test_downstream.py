@@ -30,8 +30,7 @@ EOT, T = 50256, 32  # GPT-2's <|endoftext|>; the tiny model's block_size
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """(checkpoint path, float32 model, encode) of a tiny random GPT with weights
-    large enough that its next-token distributions have clear maxima."""
+    """(checkpoint path, model, encode): a tiny GPT with weights large enough for clear next-token maxima."""
     torch.manual_seed(1234)
     cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=T, vocab_size=50304, pos_emb="pope",
                     attn_impl="torch")
@@ -45,24 +44,20 @@ def tiny(tmp_path_factory):
 
 @torch.no_grad()
 def direct(model64, ctx, cont):
-    """(sum of log p(cont | ctx), cont is the argmax at every step): one
-    unbatched float64 forward over the last T + 1 tokens (a continuation
-    longer than T: its last T tokens)."""
+    """(sum of log p(cont | ctx), cont is the argmax at every step): one unbatched float64 forward over the
+    last T + 1 tokens (a continuation longer than T: its last T tokens)."""
     seq = (ctx + cont)[-(T + 1):]
     cont = cont[-(len(seq) - 1):]
     x = torch.tensor([seq[:-1]])
     logits, _ = model64(x, x)
     lp = torch.log_softmax(logits[0, :, :50257].double(), dim=-1)
-    total, greedy = 0.0, True
-    for j in range(len(seq) - len(cont), len(seq)):  # token j is predicted at position j - 1
-        total += lp[j - 1, seq[j]].item()
-        greedy &= bool(lp[j - 1].argmax() == seq[j])
-    return total, greedy
+    js = range(len(seq) - len(cont), len(seq))  # token j is predicted at position j - 1
+    return sum(lp[j - 1, seq[j]].item() for j in js), all(lp[j - 1].argmax() == seq[j] for j in js)
 
 
 def harness_encode(encode, ctx, cont):
-    """The harness's rule (TemplateLM): an empty context is <|endoftext|>; trailing
-    spaces of the context go to the continuation; cont = tokens of the whole past the context's."""
+    """The harness's rule (TemplateLM): an empty context is <|endoftext|>; trailing spaces of the context go
+    to the continuation; cont = tokens of the whole past the context's."""
     if ctx == "":
         return [EOT], encode(cont)
     n = len(ctx) - len(ctx.rstrip())
@@ -129,9 +124,9 @@ def requests_of(tm, spec, limit):
     return out
 
 
-def test_local_data_through_the_harness_tasks(shared_data):
+def test_local_data_through_the_harness_tasks(tiny, shared_data, monkeypatch):
     """The local files, converted by config/lm_eval/local_data.py, give the harness's own prompts; the
-    loaders read every row."""
+    loaders read every row; a task without data (CBT: not in these files) is reported, the others run."""
     sys.path.insert(0, ed.CONFIG_DIR)
     from local_data import arc, hellaswag, lambada, piqa
     evals = str(shared_data / "evals")
@@ -161,6 +156,9 @@ def test_local_data_through_the_harness_tasks(shared_data):
     hs = hellaswag(evals)["validation"]
     assert len(hs) == 10042 and [hs["label"].count(str(k)) for k in range(4)] == [2515, 2485, 2584, 2458]
     assert hs[3243]["ctx_b"] == "" and sum(1 for b in hs["ctx_b"] if b) == 3246  # a wikiHow row: no ctx_b
+    monkeypatch.setenv("DISABLE_MULTIPROC", "1")  # (as main sets it: the bootstrap without a process pool)
+    _, table, errors = ed.evaluate(ed.make_lm(*tiny[1:]), ["cbt", "arc_easy"], evals, limit=1)
+    assert list(errors) == ["cbt"] and list(table) == ["arc_easy"] and table["arc_easy"] in (0.0, 1.0)
 
 
 CBT_STORY = ["With almost everything else to make them happy , they wanted one thing : they had no "
@@ -175,23 +173,10 @@ def write_cbt(folder, sub):
             f.write("21 `` Oh , XXXXX , '' said the Queen .\tAlice\t\tBob|Alice|Queen\n\n")
 
 
-def test_cbt_task(tmp_path):
-    """Our CBT task (the harness lacks it): the story detokenized, the blank filled by each candidate."""
-    for sub in ("CN", "NE"):
-        write_cbt(str(tmp_path / "cbt"), sub)
-    tm = ed.task_manager(["cbt"], str(tmp_path))
-    r = requests_of(tm, "local_cbt", 1)
-    assert sorted(r) == ["cbt_cn", "cbt_ne"]
-    story = "With almost everything else to make them happy, they wanted one thing: they had no children. " + \
-        " ".join(f'Sentence number {i} is "here", isn\'t it?' for i in range(2, 21))
-    assert r["cbt_cn"] == [(story + ' "Oh, ', f'{c}," said the Queen.') for c in ("Bob", "Alice", "Queen")]
-    assert tm.load(["local_cbt"])["tasks"]["cbt_ne"].test_docs()[0]["gold"] == 1
-
-
 def test_cli_offline_all_tasks(tiny, shared_data, tmp_path):
-    """--data_dir with all six tasks (CBT from a file in the official format), --limit 2: the table's cells
-    and the JSON agree; CBT is the mean of its two subsets, BLiMP of its 67 paradigms; PIQA and LAMBADA
-    recomputed from direct float64 scores."""
+    """--data_dir with all six tasks, --limit 2: the table's cells and the JSON agree; CBT (our task from a
+    file in the official format: the story detokenized, the blank filled by each candidate) is the mean of
+    its two subsets, BLiMP of its 67 paradigms; PIQA and LAMBADA recomputed from direct float64 scores."""
     path, model, encode = tiny
     data = tmp_path / "evals"
     data.mkdir()
@@ -199,6 +184,13 @@ def test_cli_offline_all_tasks(tiny, shared_data, tmp_path):
         os.symlink(shared_data / "evals" / name, data / name)
     for sub in ("CN", "NE"):
         write_cbt(str(data / "CBTest" / "data"), sub)
+    tm = ed.task_manager(["cbt"], str(data))
+    r = requests_of(tm, "local_cbt", 1)
+    story = "With almost everything else to make them happy, they wanted one thing: they had no children. " \
+        + " ".join(f'Sentence number {i} is "here", isn\'t it?' for i in range(2, 21))
+    assert sorted(r) == ["cbt_cn", "cbt_ne"]
+    assert r["cbt_cn"] == [(story + ' "Oh, ', f'{c}," said the Queen.') for c in ("Bob", "Alice", "Queen")]
+    assert tm.load(["local_cbt"])["tasks"]["cbt_ne"].test_docs()[0]["gold"] == 1
     out = tmp_path / "out.json"
     p = subprocess.run([sys.executable, ed.__file__, "--ckpt", path, "--data_dir", str(data), "--limit", "2",
                         "--device", "cpu", "--batch_size", "16", "--json", str(out)],
@@ -227,14 +219,6 @@ def test_cli_offline_all_tasks(tiny, shared_data, tmp_path):
     assert res["lambada_openai"]["acc,none"] == sum(g for _, g in scores) / 2
     ppl = math.exp(-sum(s for s, _ in scores) / 2)
     assert res["lambada_openai"]["perplexity,none"] == pytest.approx(ppl, rel=1e-3)
-
-
-def test_a_task_without_data_is_reported_and_the_others_run(tiny, shared_data, monkeypatch):
-    monkeypatch.setenv("DISABLE_MULTIPROC", "1")  # (as main sets it: the bootstrap without a process pool)
-    _, model, encode = tiny
-    lm, evals = ed.make_lm(model, encode), str(shared_data / "evals")
-    _, table, errors = ed.evaluate(lm, ["cbt", "arc_easy"], evals, limit=1)
-    assert list(errors) == ["cbt"] and list(table) == ["arc_easy"] and table["arc_easy"] in (0.0, 1.0)
 
 
 def test_refusals_come_before_any_work(tiny, tmp_path, monkeypatch):
