@@ -1,11 +1,10 @@
-"""eval_frequencies.py on tiny models saved as train.py saves them, run on the CPU (--device cpu, also where a
-GPU is visible): magnitudes and weights against a float64 reference computed here from the weights, planted
-models (hand-set q/k projections) with a known answer. Then what both eval scripts (this one and
+"""eval_frequencies.py on tiny models, run on the CPU (--device cpu, also where a GPU is visible): every
+number against a float64 reference computed here from the weights. Then what both eval scripts (this one and
 eval_extrapolation.py) share: the checkpoint's attn_impl, outputs checked before the run, the refusals."""
 
 import copy
+import dataclasses
 import json
-import math
 import sys
 
 import numpy as np
@@ -35,10 +34,9 @@ def data(tmp_path_factory):
 
 
 def save(model, path):
-    """A checkpoint with the keys train.py writes (no optimizer state: it is not read here)."""
-    args = {f: getattr(model.config, f) for f in model.config.__dataclass_fields__}
-    torch.save({"model": model.state_dict(), "model_args": args, "iter_num": 1, "best_val_loss": math.inf,
-                "config": {}, "meta": META}, path)
+    """A checkpoint with the keys the scripts read (train.py's, less the optimizer state)."""
+    torch.save({"model": model.state_dict(), "model_args": dataclasses.asdict(model.config), "config": {},
+                "meta": META}, path)
     return str(path)
 
 
@@ -181,16 +179,14 @@ def test_refusals_name_the_file_or_option(data, tmp_path, script):
     overrides the good arguments (argparse keeps an option's last value)."""
     ck = save(tiny(0, pos_emb="pope"), tmp_path / "m.pt")
     small = save(tiny(0, pos_emb="pope", vocab_size=8), tmp_path / "small.pt")  # the data holds ids up to 15
-    for name, n, meta in (("lone", 100, None), ("short", 15, META)):  # no meta.json; less than any window
-        (tmp_path / name).mkdir()
-        np.zeros(n, dtype=np.uint16).tofile(tmp_path / name / "val.bin")
-        if meta:
-            (tmp_path / name / "meta.json").write_text(json.dumps(meta))
+    (tmp_path / "short").mkdir()
+    np.zeros(15, dtype=np.uint16).tofile(short := tmp_path / "short" / "val.bin")  # less than any window
+    (tmp_path / "short" / "meta.json").write_text(json.dumps(META))
     (tmp_path / "empty.txt").write_text("")
+    np.zeros(100, dtype=np.uint16).tofile(tmp_path / "lone.bin")  # no meta.json beside it
     cases = [(["--ckpt", "nope/ckpt.pt"], "nope/ckpt.pt"), (["--data", "missing.bin"], "missing.bin"),
              (["--data", __file__], "--data"), (["--data", tmp_path / "empty.txt"], "empty.txt"),
-             (["--data", tmp_path / "lone" / "val.bin"], "meta.json"),
-             (["--data", tmp_path / "short" / "val.bin"], str(tmp_path / "short" / "val.bin")),
+             (["--data", tmp_path / "lone.bin"], "meta.json"), (["--data", short], str(short)),
              (["--labels", "a,b"], "--labels"), (["--ckpt", small], small)]
     cases += {ef: [(["--tokens", 0], "--tokens"), (["--tokens", 6000], str(data)),
                    (["--ckpt", ck, ck], "--labels")],  # (two series, one label)
