@@ -1,8 +1,7 @@
 """eval_extrapolation.py, prepare.common.read_tokens (the eval scripts' reader) and config/finetune_long.py on
-the CPU: tiny PoPE / RoPE checkpoints trained by train.py (run in this process, helpers.run_here) on a
-character-level Tiny Shakespeare slice (block_size 32); every scored number against a float64 recomputation
-from the documented windows. What both eval scripts share (attn_impl, outputs, refusals) is tested in
-test_frequencies.py."""
+the CPU: tiny PoPE / RoPE checkpoints trained by train.py (in this process, helpers.run_here) on a Tiny
+Shakespeare slice (characters, block_size 32); every scored number against a float64 recomputation from the
+documented windows. What both eval scripts share (attn_impl, outputs, refusals): test_frequencies.py."""
 
 import json
 import math
@@ -34,14 +33,13 @@ def env(tmp_path_factory, shared_data):
     """A char-level dataset (data/shk) and tiny PoPE and RoPE checkpoints trained by train.py."""
     root = tmp_path_factory.mktemp("extrap")
     text = (shared_data / "text" / "english" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:220_000]
-    itos = sorted(set(text))
-    stoi = {c: i for i, c in enumerate(itos)}
-    ids = np.array([stoi[c] for c in text], dtype=np.uint16)
+    itos, ids = np.unique(list(text), return_inverse=True)  # the characters, sorted; each one's index
+    ids = ids.astype(np.uint16)
     d = root / "data" / "shk"
     d.mkdir(parents=True)
     ids[:200_000].tofile(d / "train.bin")
     ids[200_000:].tofile(d / "val.bin")
-    meta = {"vocab_size": len(itos), "dtype": "uint16", "tokenizer": "itos", "itos": itos}
+    meta = {"vocab_size": len(itos), "dtype": "uint16", "tokenizer": "itos", "itos": itos.tolist()}
     (d / "meta.json").write_text(json.dumps(meta))
     for pe in ("pope", "rope"):
         run_train(["--dataset=shk", f"--data_dir={root / 'data'}", f"--out_dir={root / f'out-{pe}'}",
@@ -49,8 +47,7 @@ def env(tmp_path_factory, shared_data):
                    "--device=cpu", "--compile=False", "--batch_size=8", "--gradient_accumulation_steps=1",
                    "--max_iters=40", "--eval_interval=40", "--eval_iters=2", "--log_interval=100",
                    "--warmup_iters=5", "--lr_decay_iters=40", "--learning_rate=3e-3"], cwd=root)
-    return types.SimpleNamespace(root=root, val=str(d / "val.bin"), meta=meta, itos=itos,
-                                 val_ids=ids[200_000:],
+    return types.SimpleNamespace(root=root, val=str(d / "val.bin"), meta=meta, val_ids=ids[200_000:],
                                  ckpts={pe: str(root / f"out-{pe}" / "ckpt.pt") for pe in ("pope", "rope")})
 
 
@@ -145,9 +142,8 @@ def test_nll_by_length_and_position_against_a_float64_reference(env, tmp_path):
                                                   ("96,160", None, True, 320)])
 def test_every_length_scores_the_same_tokens(env, tmp_path, lengths, cap, short, B):
     """B, the scored tokens: the largest multiple of the longest length within the cap and the data's targets
-    (20,000 tokens: 19,999 targets; a 400-token file: 399); every length scores t_1 .. t_B, one that does not
-    divide B ending in a shorter window (no least common multiple needed); the default lengths are the block
-    size x 1..10."""
+    (20,000 tokens: 19,999; 400: 399); every length scores t_1 .. t_B, one that does not divide B ending in a
+    shorter window (no least common multiple needed); the default lengths: the block size x 1..10."""
     data = env.val
     if short:
         (tmp_path / "short").mkdir()
@@ -227,7 +223,7 @@ def test_read_tokens_refuses_bad_input(tmp_path, name, meta, data, named):
 def test_hf_source_through_datasets(env, tmp_path, monkeypatch):
     """hf:pg19 streams deepmind/pg19's test split through datasets.load_dataset (stubbed here); without the
     network, or without the datasets package, an error naming it (never a hang)."""
-    calls, text = [], "".join(env.itos[i] for i in env.val_ids[:3000])
+    calls, text = [], "".join(env.meta["itos"][i] for i in env.val_ids[:3000])
 
     def load_dataset(repo, split=None, streaming=False):
         calls.append((repo, split, streaming))
