@@ -1,7 +1,6 @@
-"""eval_downstream.py over lm-evaluation-harness: the GPT adapter against a direct float64 computation with
-the model, the local data fed through the harness's own tasks (prompts checked on the real files), the whole
-CLI offline against direct scores, the refusals, and that a dataset's remote code is never trusted unless
-asked."""
+"""eval_downstream.py over lm-evaluation-harness: the GPT adapter against a direct float64 computation, the
+local data through the harness's own tasks (prompts checked on the real files), the whole CLI offline against
+direct scores, the refusals, and that a dataset's remote code is never trusted unless asked."""
 import copy
 import dataclasses
 import json
@@ -30,7 +29,8 @@ EOT, T = 50256, 32  # GPT-2's <|endoftext|>; the tiny model's block_size
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """(checkpoint path, model, encode): a tiny GPT with weights large enough for clear next-token maxima."""
+    """(checkpoint path, model, encode, the model in float64): a tiny GPT with weights large enough for clear
+    next-token maxima."""
     torch.manual_seed(1234)
     cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=T, vocab_size=50304, pos_emb="pope",
                     attn_impl="torch")
@@ -39,7 +39,7 @@ def tiny(tmp_path_factory):
     torch.save({"model": model.state_dict(), "model_args": dataclasses.asdict(cfg),
                 "meta": {"tokenizer": "gpt2", "vocab_size": 50257, "dtype": "uint16"},
                 "config": {"dataset": "openwebtext"}}, path)
-    return path, model.eval(), codec({"tokenizer": "gpt2"})[0]
+    return path, model.eval(), codec({"tokenizer": "gpt2"})[0], copy.deepcopy(model).double()
 
 
 @torch.no_grad()
@@ -83,8 +83,7 @@ def test_scores_match_a_direct_float64_computation(tiny):
     its token-level form with continuations that are the model's own argmax (greedy True) or not, and
     loglikelihood_rolling (disjoint windows of T predicted tokens)."""
     from lm_eval.api.instance import Instance
-    _, model, encode = tiny
-    model64 = copy.deepcopy(model).double()
+    _, model, encode, model64 = tiny
     lm = ed.make_lm(model, encode, batch_size=3)
     long_ctx = "The quick brown fox jumps over the lazy dog near the river bank. " * 4
     assert len(encode(long_ctx)) > T + 1
@@ -157,39 +156,31 @@ def test_local_data_through_the_harness_tasks(tiny, shared_data, monkeypatch):
     assert len(hs) == 10042 and [hs["label"].count(str(k)) for k in range(4)] == [2515, 2485, 2584, 2458]
     assert hs[3243]["ctx_b"] == "" and sum(1 for b in hs["ctx_b"] if b) == 3246  # a wikiHow row: no ctx_b
     monkeypatch.setenv("DISABLE_MULTIPROC", "1")  # (as main sets it: the bootstrap without a process pool)
-    _, table, errors = ed.evaluate(ed.make_lm(*tiny[1:]), ["cbt", "arc_easy"], evals, limit=1)
+    _, table, errors = ed.evaluate(ed.make_lm(*tiny[1:3]), ["cbt", "arc_easy"], evals, limit=1)
     assert list(errors) == ["cbt"] and list(table) == ["arc_easy"] and table["arc_easy"] in (0.0, 1.0)
-
-
-CBT_STORY = ["With almost everything else to make them happy , they wanted one thing : they had no "
-             "children ."] + [f"Sentence number {i} is `` here '' , is n't it ?" for i in range(2, 21)]
-
-
-def write_cbt(folder, sub):
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, f"cbtest_{sub}_test_2500ex.txt"), "w") as f:
-        for _ in range(2):
-            f.writelines(f"{i} {s}\n" for i, s in enumerate(CBT_STORY, 1))
-            f.write("21 `` Oh , XXXXX , '' said the Queen .\tAlice\t\tBob|Alice|Queen\n\n")
 
 
 def test_cli_offline_all_tasks(tiny, shared_data, tmp_path):
     """--data_dir with all six tasks, --limit 2: the table's cells and the JSON agree; CBT (our task from a
     file in the official format: the story detokenized, the blank filled by each candidate) is the mean of
     its two subsets, BLiMP of its 67 paradigms; PIQA and LAMBADA recomputed from direct float64 scores."""
-    path, model, encode = tiny
+    path, _, encode, model64 = tiny
     data = tmp_path / "evals"
-    data.mkdir()
+    (data / "CBTest" / "data").mkdir(parents=True)
     for name in ("lambada_openai.jsonl", "piqa.jsonl", "arc_easy.jsonl", "hellaswag_val.txt", "blimp"):
         os.symlink(shared_data / "evals" / name, data / name)
-    for sub in ("CN", "NE"):
-        write_cbt(str(data / "CBTest" / "data"), sub)
+    story = ["With almost everything else to make them happy , they wanted one thing : they had no",
+             "children ."] + [f"Sentence number {i} is `` here '' , is n't it ?" for i in range(3, 21)]
+    question = "21 `` Oh , XXXXX , '' said the Queen .\tAlice\t\tBob|Alice|Queen\n\n"  # answer, candidates
+    for sub in ("CN", "NE"):  # two questions each, in CBT's tokenized text
+        (data / "CBTest" / "data" / f"cbtest_{sub}_test_2500ex.txt").write_text(
+            2 * ("".join(f"{i} {s}\n" for i, s in enumerate(story, 1)) + question))
     tm = ed.task_manager(["cbt"], str(data))
     r = requests_of(tm, "local_cbt", 1)
     story = "With almost everything else to make them happy, they wanted one thing: they had no children. " \
-        + " ".join(f'Sentence number {i} is "here", isn\'t it?' for i in range(2, 21))
-    assert sorted(r) == ["cbt_cn", "cbt_ne"]
-    assert r["cbt_cn"] == [(story + ' "Oh, ', f'{c}," said the Queen.') for c in ("Bob", "Alice", "Queen")]
+        + " ".join(f'Sentence number {i} is "here", isn\'t it?' for i in range(3, 21))
+    assert sorted(r) == ["cbt_cn", "cbt_ne"] and r["cbt_cn"] == [
+        (story + ' "Oh, ', f'{c}," said the Queen.') for c in ("Bob", "Alice", "Queen")]
     assert tm.load(["local_cbt"])["tasks"]["cbt_ne"].test_docs()[0]["gold"] == 1
     out = tmp_path / "out.json"
     p = subprocess.run([sys.executable, ed.__file__, "--ckpt", path, "--data_dir", str(data), "--limit", "2",
@@ -206,7 +197,6 @@ def test_cli_offline_all_tasks(tiny, shared_data, tmp_path):
     assert res["local_cbt"]["acc,none"] == pytest.approx(cbt)
     paradigms = [res[k]["acc,none"] for k in res if k.startswith("blimp_")]
     assert len(paradigms) == 67 and rep["table"]["blimp"] == pytest.approx(sum(paradigms) / 67)
-    model64 = copy.deepcopy(model).double()
     acc = acc_norm = 0  # PIQA: acc and acc_norm (per character)
     for r in map(json.loads, (data / "piqa.jsonl").read_text().splitlines()[:2]):
         ctx = r["query"] + "Answer:"
@@ -222,10 +212,9 @@ def test_cli_offline_all_tasks(tiny, shared_data, tmp_path):
 
 
 def test_refusals_come_before_any_work(tiny, tmp_path, monkeypatch):
-    """A --data_dir that does not exist or holds none of the asked tasks' files, --limit or --batch_size
-    below 1: refused before any checkpoint is read; a folder as --json, a checkpoint that is not a GPT-2
-    language model's or not a checkpoint (the others: test_checkpoint.py): before any task runs. Exit status
-    2, one line naming the option or file."""
+    """Exit status 2, one line naming the option or file: before any checkpoint is read, a --data_dir that
+    does not exist or holds none of the asked tasks' files, --limit or --batch_size below 1; before any task
+    runs, a folder as --json, a checkpoint not of a GPT-2 language model or not a checkpoint at all."""
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "piqa.jsonl").write_text("")  # a file of a task not asked for
     ck = torch.load(tiny[0], weights_only=True)

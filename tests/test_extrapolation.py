@@ -55,9 +55,8 @@ def run_eval(args, tmp_path):
     """eval_extrapolation.py's result, as written to --json (and as main returns it)."""
     out = tmp_path / "r.json"
     res = ex.main([*map(str, args), "--json", str(out), "--no_progress", "--device", "cpu"])
-    on_disk = json.loads(out.read_text())
-    assert on_disk == res
-    return on_disk
+    assert json.loads(out.read_text()) == res
+    return res
 
 
 def test_yarn_in_the_model():

@@ -55,10 +55,9 @@ def err(script, args):
 
 def run(args, tmp_path):
     """eval_frequencies.py's result, as written to --json (and as main returns it)."""
-    res = main(ef, [*args, "--json", tmp_path / "f.json"])
-    on_disk = json.loads((tmp_path / "f.json").read_text())
-    assert on_disk == json.loads(json.dumps(res))
-    return on_disk
+    res = json.loads(json.dumps(main(ef, [*args, "--json", tmp_path / "f.json"])))
+    assert json.loads((tmp_path / "f.json").read_text()) == res
+    return res
 
 
 @pytest.mark.parametrize("pe,extra", [("pope", dict(pope_base=500.0)), ("rope", {}), ("none", {}),
