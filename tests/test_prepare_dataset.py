@@ -5,7 +5,6 @@ with exit 2. Tiny seeded sets."""
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
