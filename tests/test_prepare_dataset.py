@@ -20,7 +20,6 @@ REPO = Path(__file__).resolve().parent.parent
 OLD = ["--quick", "--n_train", "300", "--n_val", "50", "--n_test", "50"]
 NEW = ["--quick", "--n_train", "200", "--n_val", "40", "--n_test", "40", "--max_len", "20",
        "--max_shift", "5"]
-SCRIPTS = ["genome", "indirect_indexing", "jsb", "maestro", "openwebtext"]
 
 
 def snapshot(d):
@@ -39,8 +38,7 @@ def build(out, args):
 
 @pytest.fixture
 def old_set(tmp_path):
-    out = tmp_path / "ii"
-    return out, build(out, OLD)
+    return tmp_path / "ii", build(tmp_path / "ii", OLD)
 
 
 def test_rerun_replaces_the_set_and_keeps_downloads_and_links(old_set, tmp_path):
@@ -145,40 +143,27 @@ def test_the_recorded_command_rebuilds_the_set(tmp_path, monkeypatch):
                                f"--n_test 40 --max_len 20 --max_shift 5 --out_dir {common.repo_path(out)}")
     subprocess.run([sys.executable] + shlex.split(meta["prepare"])[1:], cwd=REPO, check=True, timeout=120)
     assert snapshot(out) == new
-    monkeypatch.chdir(REPO / "prepare")
-    cmd = lambda argv: ii.rebuild_command(ii.build_parser().parse_args(argv))  # noqa: E731
-    assert cmd(["--quick", "--out_dir", "../data/indirect_indexing_quick"]) == \
-        "python prepare/indirect_indexing.py --quick"
-    assert cmd(["--seed", "7", "--out_dir", "../data/my ii"]) == \
-        "python prepare/indirect_indexing.py --seed 7 --out_dir 'data/my ii'"
-    assert common.repo_path(REPO.parent / "shared") == "../shared" and common.repo_path("/") == "/"
+    monkeypatch.chdir(REPO / "prepare")  # paths as a command run from the repo root takes them, quoted
+    args = ii.build_parser().parse_args(["--seed", "7", "--out_dir", "../data/my ii"])
+    assert ii.rebuild_command(args) == "python prepare/indirect_indexing.py --seed 7 --out_dir 'data/my ii'"
 
 
 def edit_meta(d, **kw):
     (d / "meta.json").write_text(json.dumps({**json.loads((d / "meta.json").read_text()), **kw}))
 
 
-def set_token(d, split, i, value):
-    t = np.fromfile(d / f"{split}.bin", dtype=np.uint16)
-    t[i] = value
-    t.tofile(d / f"{split}.bin")
-
-
 FAULTS = {  # name: (how the copy is damaged, the file named, whether meta.json still names its command)
     "no meta.json": (lambda d: (d / "meta.json").unlink(), "meta.json", False),
     "meta.json not JSON": (lambda d: (d / "meta.json").write_text('{"vocab_size": 67,'), "meta.json", False),
-    "meta.json a list": (lambda d: (d / "meta.json").write_text("[1]"), "meta.json", False),
     "vocab_size a string": (lambda d: edit_meta(d, vocab_size="67"), "meta.json", True),
     "dtype too narrow": (lambda d: edit_meta(d, dtype="uint8", vocab_size=300), "meta.json", True),
-    "dtype signed": (lambda d: edit_meta(d, dtype="int16"), "meta.json", True),
     "no val.bin": (lambda d: (d / "val.bin").unlink(), "val.bin", True),
     "odd byte count": (lambda d: open(d / "train.bin", "ab").write(b"\0"), "train.bin", True),
-    "empty split": (lambda d: open(d / "val.bin", "wb").close(), "val.bin", True),
     "token count differs": (lambda d: open(d / "val.bin", "ab").write(b"\0\0" * 23), "val.bin", True),
     "a partial row": (lambda d: (open(d / "train.bin", "ab").write(b"\0\0"), edit_meta(d, tokens={})),
                       "train.bin", True),
     "mask length differs": (lambda d: open(d / "val_mask.bin", "ab").write(b"\0"), "val_mask.bin", True),
-    "token id >= vocab_size": (lambda d: set_token(d, "val", 431, 67), "val.bin", True),
+    "token id >= vocab_size": (lambda d: np.full(460, 67, np.uint16).tofile(d / "val.bin"), "val.bin", True),
     "mask all zeros": (lambda d: np.zeros(920, np.uint8).tofile(d / "train_mask.bin"), "train_mask.bin",
                        True),
 }
@@ -205,27 +190,11 @@ def test_check_dataset_names_the_file_and_the_rebuild_command(tmp_path, fault):
 def test_write_atomic_keeps_the_old_file_when_the_save_fails(tmp_path):
     path = tmp_path / "ckpt.pt"
     path.write_bytes(b"old")
-
-    def save(tmp):
-        Path(tmp).write_bytes(b"half of a new one")
-        raise KeyboardInterrupt
-    with pytest.raises(KeyboardInterrupt):
-        common.write_atomic(str(path), save)
+    with pytest.raises(KeyboardInterrupt):  # (a half-written tmp, then the interrupt)
+        common.write_atomic(str(path), lambda tmp: (Path(tmp).write_bytes(b"half"), signal.raise_signal(2)))
     assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["ckpt.pt"]
     common.write_atomic(str(path), lambda tmp: Path(tmp).write_bytes(b"new"))
     assert path.read_bytes() == b"new" and os.listdir(tmp_path) == ["ckpt.pt"]
-
-
-def test_scripts_run_from_anywhere_and_import_light():
-    for name in SCRIPTS:
-        r = subprocess.run([sys.executable, str(REPO / "prepare" / f"{name}.py"), "--help"],
-                           capture_output=True, text=True, timeout=120, cwd="/")
-        assert r.returncode == 0 and "--out_dir" in r.stdout, r.stderr
-    code = (f"import sys; from prepare import {', '.join(SCRIPTS)}\n"
-            f"assert all(callable(sys.modules['prepare.' + n].decode) for n in {SCRIPTS!r})\n"
-            "print([m for m in ('tiktoken', 'miditok', 'symusic', 'datasets', 'torch') if m in sys.modules])")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
 
 
 @pytest.mark.parametrize("argv, named", [
@@ -240,22 +209,8 @@ def test_scripts_run_from_anywhere_and_import_light():
 def test_a_daily_mistake_is_one_line_exit_2_and_writes_nothing(tmp_path, argv, named):
     argv = [a.format(tmp=tmp_path) for a in argv]
     r = subprocess.run([sys.executable, str(REPO / "prepare" / argv[0]), *argv[1:], "--out_dir",
-                        str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+                        str(tmp_path / "o")], capture_output=True, text=True, timeout=120, cwd="/")
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(err) == 1 and named in err[0], r.stderr
     assert list(tmp_path.iterdir()) == []
 
-
-def config(name):
-    cfg = {}
-    exec((REPO / "config" / f"{name}.py").read_text(), {}, cfg)
-    return cfg
-
-
-def test_configs_fit_the_rows_their_data_has():
-    from prepare import jsb
-    quick = config("indirect_indexing_quick")
-    assert quick["dataset"] == ii.QUICK["name"]
-    assert quick["block_size"] == ii.row_len_for(ii.QUICK["max_len"], ii.QUICK["max_shift"]) - 1
-    assert config("indirect_indexing")["block_size"] == ii.row_len_for(ii.MAX_LEN, ii.MAX_SHIFT) - 1
-    assert config("jsb")["block_size"] >= jsb.build_parser().get_default("max_len") - 1
