@@ -1,5 +1,5 @@
-"""prepare/genome.py on GRCh37 chr20 ($POPE_SHARED_DATA/genome) and slices of it: vocabulary, a reference
-tokenizer, N handling, held-out regions and chromosomes, round trip, bad input."""
+"""prepare/genome.py on slices of GRCh37 chr20 ($POPE_SHARED_DATA/genome): vocabulary, a reference tokenizer,
+N handling, held-out regions and chromosomes, round trip, bad input."""
 import gzip
 import re
 
@@ -63,7 +63,7 @@ def test_vocabulary_and_round_trip():
     assert genome.decode(genome.encode("ACGTACGTNNNNacgtRAC")) == "ACGTACGT\nACGT\nAC\n"
 
 
-def test_regions_on_slices_match_reference(tmp_path, records):
+def test_regions_held_out_chromosomes_and_decode_match_the_reference(tmp_path, records):
     write_fasta(tmp_path / "s.fa.gz", records)
     counts = genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "o")])
     meta = common.load_meta(tmp_path / "o")
@@ -86,15 +86,8 @@ def test_regions_on_slices_match_reference(tmp_path, records):
     assert meta["dropped_bases"] == 431 + 3_908 + 1
     assert meta["vocab_size"] == 4107 and meta["format"] == "genome" and meta["itos"] == genome.ITOS
     assert meta["tokens"] == counts and common.check_dataset(tmp_path / "o", common.SPLITS) == meta
-    write_fasta(tmp_path / "s.fa", records)  # plain FASTA: the same files
-    genome.main(["--input", str(tmp_path / "s.fa"), "--out_dir", str(tmp_path / "plain")])
-    assert all(read_bin(tmp_path / "o", s).tolist() == read_bin(tmp_path / "plain", s).tolist()
-               for s in common.SPLITS)
-
-
-def test_held_out_chromosomes_and_decode(tmp_path, records):
-    write_fasta(tmp_path / "s.fa.gz", records)
-    counts = genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "o"),
+    write_fasta(tmp_path / "s.fa", records)  # plain FASTA, held-out chromosomes
+    counts = genome.main(["--input", str(tmp_path / "s.fa"), "--out_dir", str(tmp_path / "o"),
                           "--val_chroms", "2", "--test_chroms", "chr3"])
     assert counts == {"train": len(ref_tokens(records[0][1])), "val": len(ref_tokens(records[1][1])),
                       "test": len(ref_tokens(records[2][1]))} == {"train": 3_265, "val": 1_408, "test": 1_673}
@@ -105,25 +98,8 @@ def test_held_out_chromosomes_and_decode(tmp_path, records):
     assert meta["holdout_regions"] == {} and meta["tokens"] == counts
     for option in (["--val_chroms", "9"], ["--chroms", "chr2,9"]):  # the chromosome that is not in the file
         with pytest.raises(common.PrepareError, match=r"\['9'\]"):
-            genome.main(["--input", str(tmp_path / "s.fa.gz"), "--out_dir", str(tmp_path / "p"), *option])
+            genome.main(["--input", str(tmp_path / "s.fa"), "--out_dir", str(tmp_path / "p"), *option])
     assert not (tmp_path / "p").exists()
-
-
-def test_full_chr20(tmp_path, shared_data, chr20):
-    counts = genome.main(["--input", str(shared_data / "genome" / "chr20.fa.gz"), "--out_dir", str(tmp_path)])
-    assert counts == {"train": 9_717_526, "val": 105_046, "test": 95_046}
-    meta = common.load_meta(tmp_path)
-    assert meta["tokens"] == counts and common.check_dataset(tmp_path, common.SPLITS) == meta
-    assert meta["holdout_regions"] == {"20": {"val": [61_765_010, 62_395_265],
-                                              "test": [62_395_265, 63_025_520]}}
-    assert meta["dropped_bases"] == 3_520_000  # exactly the N bases
-    stats = meta["split_stats"]
-    assert sum(s["bases"] for s in stats.values()) == 59_505_520
-    assert [stats[s]["contigs"] for s in common.SPLITS] == [6, 1, 1]
-    assert read_bin(tmp_path, "val").tolist() == ref_tokens(chr20[61_765_010:62_395_265])
-    train = read_bin(tmp_path, "train")
-    assert train.max() < 4106 and int((train == 4).sum()) == 6 and not np.isin(train, [0, 1, 2, 3, 5]).any()
-    assert genome.decode(train[:10]) == chr20[60_000:60_060]
 
 
 @pytest.mark.parametrize("name, text, named", [
