@@ -106,25 +106,15 @@ def test_counts_skips_and_streams_match_direct_tokenization_and_midi_transpositi
     assert top + 3 > maestro.PITCH_HIGH
 
 
-def test_decode_and_midi_round_trip(prepared, tmp_path, tok, capsys):
+def test_decode_and_midi_round_trip(prepared, tmp_path, tok):
     folder, out, _ = prepared
     meta = common.load_meta(out)
     val = read_bin(out, "val")
-    text = maestro.decode(val[:40], meta)
-    assert text.startswith("BOS_None\nBar_None TimeSig_4/4 Position_0 ")
-    assert text.split() == [meta["itos"][i] for i in val[:40]]
+    assert maestro.decode(val[:40], meta).split() == [meta["itos"][i] for i in val[:40]]
     assert maestro.encode(maestro.decode(val, meta), meta) == val.tolist()
     path = maestro.save_sample(val, meta, tmp_path / "sample")
     status, ids = maestro.tokenize_file(path, tok)
     assert path.endswith(".mid") and status == "ok" and ids.tolist() == val[1:-1].tolist()
-    assert "warning" not in capsys.readouterr().err
-    # a sample with no notes (an untrained model's): still written, with a warning
-    itos = meta["itos"]
-    noteless = [maestro.BOS] + [itos.index(t) for t in ("Bar_None", "Position_0", "Bar_None")] + [maestro.EOS]
-    path = maestro.save_sample(noteless, meta, tmp_path / "empty")
-    assert path in capsys.readouterr().err
-    import symusic
-    assert sum(len(t.notes) for t in symusic.Score(path).tracks) == 0
 
 
 @pytest.mark.parametrize("case", ["empty csv", "no csv", "every test file corrupt"])
