@@ -236,8 +236,8 @@ def main(argv=None):
     f = args.holdout_frac
 
     with common.staged_dataset(out_dir) as stage:
-        src = common.input_or_download(args.input, URL, out_dir, f"Download {URL} (or any reference FASTA, plain or "
-                                       "gzip) and pass it with --input FILE.")
+        src = args.input or common.download(URL, out_dir, f"Download {URL} (or any reference FASTA, plain "
+                                                               "or gzip) and pass it with --input FILE.")
         stats = {s: {"bases": 0, "contigs": 0} for s in common.SPLITS}
         records, regions, dropped, seen, names = [], {}, 0, set(), []
         with common.split_writers(stage, common.SPLITS) as writers:

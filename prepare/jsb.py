@@ -267,7 +267,7 @@ def main(argv=None):
         raise common.PrepareError("--max_len must be at least 5 (one start token and one step)")
     out_dir = Path(args.out_dir)
     with common.staged_dataset(out_dir) as stage:
-        src = common.input_or_download(args.input, URL, out_dir, f"Download {URL} and pass it with --input FILE.")
+        src = args.input or common.download(URL, out_dir, f"Download {URL} and pass it with --input FILE.")
         pieces, src = load_pieces(src, allow_pickle=args.allow_pickle)
 
         counts, scored, extra, n_rows, n_split = {}, {}, {}, {}, {}

@@ -237,8 +237,8 @@ def read_rows(csv_path):
 
 
 def fetch(out_dir):
-    z = common.input_or_download(None, URL, out_dir, f"Download {URL}, unzip it, and pass the folder holding "
-                                 "maestro-v3.0.0.csv with --input DIR.")
+    z = common.download(URL, out_dir, f"Download {URL}, unzip it, and pass the folder holding "
+                                          "maestro-v3.0.0.csv with --input DIR.")
     folder = z.parent / "maestro-v3.0.0"
     if not folder.exists():
         with zipfile.ZipFile(z) as zf:

@@ -1,12 +1,6 @@
-"""Shared test setup: the repo root on sys.path, an offline tiktoken cache, and
-the real data samples, one CPU thread per process, test_kernel.py's interpreter
-suite started early (on the second core).
-
-The gpt2 encoding comes from TIKTOKEN_CACHE_DIR; when it is unset, a writable
-copy of ../shared/tiktoken_cache (next to the repo) is used, as in CI. The real
-samples come from $POPE_SHARED_DATA, else ../shared/data. The fixture readonly
-makes a folder act as if on a read-only file system; damage flips a bit inside a
-checkpoint's tensor data; data_root holds tiny seeded datasets for train.py."""
+"""Shared test setup: the repo root on sys.path, one CPU thread per process, the gpt2 encoding from
+TIKTOKEN_CACHE_DIR (unset: a copy of ../shared/tiktoken_cache), the real samples (shared_data),
+test_kernel.py's interpreter suite started early, and the fixtures readonly, damage and data_root."""
 import builtins
 import errno
 import io
@@ -23,11 +17,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-# One thread per process (pytest's and the train.py / sample.py runs it starts, which inherit
-# this): the test models are tiny and up to three processes share CI's two cores. With two
-# threads each, every small op waits at OpenMP's barrier for a thread the OS has parked: a
-# 32-wide linear layer took 1.8 ms instead of 28 us on a busy 2-core machine, and the suite
-# ran about twice as long. Set OMP_NUM_THREADS yourself to test another count.
+# One thread per process (and the runs it starts): the test models are tiny and processes share CI's two
+# cores; with two threads each, small ops wait at OpenMP's barrier (a 32-wide linear layer took 1.8 ms
+# instead of 28 us) and the suite ran about twice as long. Set OMP_NUM_THREADS to test another count.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402  (after the variable: torch reads it when it starts its thread pool)
 
@@ -44,10 +36,8 @@ if "TIKTOKEN_CACHE_DIR" not in os.environ:
 
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected what they deselect
 def pytest_collection_modifyitems(session, config, items):
-    """test_kernel.py's interpreter suite, a process of about 50 s on one core, starts as
-    soon as the tests are collected, when test_interpreter_suite is among them, at the
-    lowest CPU priority: it takes the time the other tests leave a core idle (they run
-    one thread each), and test_interpreter_suite, moved to the end, waits for its result."""
+    """test_kernel.py's interpreter suite (about 50 s on one core) starts once the tests are collected, at
+    the lowest CPU priority, when test_interpreter_suite is selected; that test, moved last, waits for it."""
     suite = [item for item in items if item.name == "test_interpreter_suite"]
     for item in suite:
         items.remove(item)
@@ -57,8 +47,7 @@ def pytest_collection_modifyitems(session, config, items):
 
 @pytest.fixture(scope="session")
 def shared_data():
-    """The real data samples. Missing, they fail the test where POPE_SHARED_DATA
-    names them (CI), and skip it otherwise."""
+    """The real data samples. Missing, they fail the test where POPE_SHARED_DATA names them, else skip it."""
     env = os.environ.get("POPE_SHARED_DATA")
     path = Path(env) if env else Path(ROOT).parent / "shared" / "data"
     if not path.is_dir():
@@ -68,11 +57,9 @@ def shared_data():
 
 @pytest.fixture
 def readonly(monkeypatch):
-    """readonly(root, err=EROFS): from then on (until monkeypatch.undo() or the
-    test's end) every call that would create, change or remove something strictly
-    under root raises OSError(err), as on a read-only file system; reads work. The
-    disk-level calls are patched (os.mkdir/open/rename/replace/unlink/remove/rmdir,
-    open for writing), so the code under test fails wherever it writes."""
+    """readonly(root, err=EROFS): until monkeypatch.undo() or the test's end, every call that would create,
+    change or remove something strictly under root (os.mkdir/open/rename/replace/unlink/remove/rmdir, open
+    for writing) raises OSError(err), as on a read-only file system; reads work."""
     def apply(root, err=errno.EROFS):
         root = Path(os.path.abspath(root))
 
@@ -90,15 +77,12 @@ def readonly(monkeypatch):
                 return fn(*args, **kwargs)
             return wrapped
 
-        def open_writes(file, mode="r", *a, **k):
-            return any(c in mode for c in "wax+")
-
-        def os_open_writes(path, flags, *a, **k):
-            return bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
-
-        for name, n in (("mkdir", 1), ("rename", 2), ("replace", 2), ("unlink", 1), ("remove", 1), ("rmdir", 1)):
+        open_writes = lambda file, mode="r", *a, **k: any(c in mode for c in "wax+")  # noqa: E731
+        for name, n in (("mkdir", 1), ("rename", 2), ("replace", 2), ("unlink", 1), ("remove", 1),
+                        ("rmdir", 1)):
             monkeypatch.setattr(os, name, guard(getattr(os, name), n))
-        monkeypatch.setattr(os, "open", guard(os.open, 1, os_open_writes))
+        monkeypatch.setattr(os, "open", guard(os.open, 1, lambda p, flags, *a, **k: bool(
+            flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))))
         monkeypatch.setattr(builtins, "open", guard(builtins.open, 1, open_writes))
         monkeypatch.setattr(io, "open", guard(io.open, 1, open_writes))
     return apply
@@ -106,9 +90,8 @@ def readonly(monkeypatch):
 
 @pytest.fixture
 def damage():
-    """damage(path): flip one bit in the middle of the largest tensor's bytes inside
-    the zip torch.save wrote at path (what a bad disk or copy does); returns that
-    member's name. The zip's structure stays whole: only its CRC-32 tells."""
+    """damage(path): flip one bit in the middle of the largest tensor inside the zip torch.save wrote at path
+    (what a bad disk or copy does); returns that member's name. Only the zip's CRC-32 tells."""
     def apply(path):
         with zipfile.ZipFile(path) as z:
             info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
@@ -123,8 +106,8 @@ def damage():
 
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory):
-    """toy (a periodic char stream with noise, vocabulary 20), wide (the same with vocabulary 30) and rows
-    (fixed rows of 12 with one scored target each), all seeded."""
+    """Seeded: toy (a periodic char stream with noise, vocabulary 20), wide (the same, vocabulary 30), rows
+    (fixed rows of 12 with one scored target each)."""
     import numpy as np
     from helpers import write_rows
     root = tmp_path_factory.mktemp("data")

@@ -20,8 +20,8 @@ from prepare import common  # (conftest.py put the repo root on sys.path)
 
 @torch.no_grad()
 def large_weights_(model, std=0.3):
-    """The model's matrices (not PoPE's delta) drawn from N(0, std), larger than GPT-2's init (0.02), so that a
-    tiny random model's greedy tokens depend on the whole context and a decoding bug changes them."""
+    """The matrices but PoPE's delta drawn from N(0, std), above GPT-2's 0.02: a tiny random model's greedy
+    tokens depend on the whole context, and a decoding bug changes them."""
     for name, p in model.named_parameters():
         if p.dim() == 2 and not name.endswith("delta"):
             p.normal_(0.0, std)
@@ -42,31 +42,20 @@ def run_exit(main, args):
 
 
 def script_error(main, args):
-    """The line 'error: ...' that main(args) ends with: prepare.common.die's, the last line on stderr (notes
-    may come before it), with exit status 2 and no traceback (both asserted)."""
+    """The last line on stderr of main(args), 'error: ...', with exit status 2 and no traceback (asserted)."""
     code, _, err = run_exit(main, args)
     line = err.rstrip("\n").split("\n")[-1]
     assert code == 2 and line.startswith("error: ") and "Traceback" not in err, (code, err)
     return line
 
 
-def script_help(main):
-    """main(["--help"])'s text, with exit status 0 (asserted)."""
-    code, out, _ = run_exit(main, ["--help"])
-    assert code == 0, code
-    return out
-
-
 def run_here(argv, cwd, check=True):
-    """`python *argv` (argv[0] a script's path) run in this process, as __main__ (runpy), so
-    its __main__ block runs too: subprocess.run's CompletedProcess with the exit status, stdout
-    and stderr the process would have had, without a new interpreter's start-up (about 3 s on
-    CI, most of it importing torch; the in-process run of a tiny model takes a tenth of that).
-    As a process ends: sys.exit(message) gives status 1 and the message on stderr, an uncaught
-    exception its traceback and status 1, a warning Python shows by default goes to stderr, the
-    out_dir locks the run took are released, and the RNG states the run set are put back. For
-    what a script prints and leaves on disk; what only a process shows (a lock held by a live
-    run, kill -9, atexit, torchrun) needs subprocess. check: the run must end with status 0."""
+    """`python *argv` run in this process as __main__ (runpy), without a new interpreter's start-up (about
+    3 s, most of it importing torch): a CompletedProcess with the exit status, stdout and stderr the process
+    would have had (sys.exit(message): status 1 and the message; an exception: its traceback and status 1;
+    the warnings Python shows by default); the locks the run took are released and the RNG states put
+    back. What only a process shows (a live run's lock, kill -9, torchrun) needs subprocess. check: the run
+    must end with status 0."""
     out, err = io.StringIO(), io.StringIO()
     held, rng = set(common._LOCKS), (random.getstate(), np.random.get_state(), torch.get_rng_state())
     old_argv, old_cwd = sys.argv, os.getcwd()
@@ -93,16 +82,13 @@ def run_here(argv, cwd, check=True):
     finally:
         for path in set(common._LOCKS) - held:  # the OS drops a process's locks, atexit deletes the files
             common.unlock_folder(os.path.dirname(path), path)
-        random.setstate(rng[0])
-        np.random.set_state(rng[1])
-        torch.set_rng_state(rng[2])
+        for set_state, state in zip((random.setstate, np.random.set_state, torch.set_rng_state), rng):
+            set_state(state)
         sys.argv = old_argv
         os.chdir(old_cwd)
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
+    if code is not None and not isinstance(code, int):
         err.write(f"{code}\n")
-        code = 1
+    code = 0 if code is None else code if isinstance(code, int) else 1
     p = subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
     if check and code != 0:
         raise AssertionError(f"{argv} failed:\n{p.stdout}\n{p.stderr}")
@@ -110,8 +96,7 @@ def run_here(argv, cwd, check=True):
 
 
 def write_rows(folder, row_len, seed, n=(2000, 200), prepare="made by the test"):
-    """Fixed rows (the indirect-indexing layout): row_len - 3 random tokens, a separator 0, then a copy of the
-    token before it, the one scored target (the mask)."""
+    """Fixed rows: row_len - 3 random tokens, a separator 0, a copy of the token before it (the target)."""
     rng = np.random.default_rng(seed)
     os.makedirs(folder, exist_ok=True)
     for split, rows_n in zip(("train", "val"), n):

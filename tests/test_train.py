@@ -1,42 +1,54 @@
-"""train.py's numbers on tiny seeded datasets (conftest's data_root): a resume goes on bitwise, 2-process
-DDP (gloo) equals one process, loss masks and fixed rows, the full-split eval, and the optimizer step
-against a float64 recomputation. Runs are `python train.py ...` in this process (helpers.run_here), or new
-processes where a process is what is tested (a resume in a fresh interpreter, torchrun)."""
+"""train.py on tiny seeded datasets (conftest's data_root). Its numbers: a resume goes on bitwise, 2-process
+DDP (gloo) equals one process, loss masks and fixed rows, the full-split eval, the optimizer step against a
+float64 recomputation. Its refusals (exit status 1, one line naming the key or file, nothing written or
+damaged): mistakes, one run per out_dir, data changed under a run or before a resume, bad checkpoints, a
+diverging run. Runs are in this process (helpers.run_here), or new ones where a process is tested."""
 import copy
+import fractions
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import time
 from contextlib import nullcontext
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import run_here
+from helpers import run_here, write_rows
 
 import train
 from model import GPT, GPTConfig
 
 TRAIN = train.__file__
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
-        "--log_interval=1", "--warmup_iters=2", "--device=cpu", "--learning_rate=3e-3"]
+        "--log_interval=1", "--warmup_iters=2", "--device=cpu", "--learning_rate=3e-3",
+        "--lr_decay_iters=100"]
 
 
-def run(args, cwd):
-    """`python *args` as a new process, one thread (what a process is needed for)."""
+def start(argv, cwd):
+    """`python *argv` as a new process, one thread (where a process is what is tested)."""
     env = dict(os.environ, PYTHONPATH=os.path.dirname(TRAIN), OMP_NUM_THREADS="1")
-    p = subprocess.run([sys.executable] + args, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
-    assert p.returncode == 0, f"{args} failed:\n{p.stdout}\n{p.stderr}"
+    return subprocess.Popen([sys.executable] + argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
 
 
-def records(out_dir):
-    return [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
+def run(argv, cwd):
+    p = start(argv, cwd)
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, f"{argv} failed:\n{out}\n{err}"
+
+
+def records(out_dir, key):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if key in r]
 
 
 def losses(out_dir):
-    return {r["iter"]: r["loss"] for r in records(out_dir) if "loss" in r}
+    return {r["iter"]: r["loss"] for r in records(out_dir, "loss")}
 
 
 def test_resume_reproduces_uninterrupted_run(data_root, tmp_path):
@@ -50,9 +62,7 @@ def test_resume_reproduces_uninterrupted_run(data_root, tmp_path):
     assert sorted(os.listdir(tmp_path / "part")) == ["ckpt.pt", "metrics.jsonl"]  # no .tmp, no lock left
     run(common + ["--max_iters=8", "--out_dir=part", "--init_from=resume"], tmp_path)
     full, part = losses(tmp_path / "full"), losses(tmp_path / "part")
-    assert sorted(full) == sorted(part) == list(range(8))
-    assert all(full[it] == part[it] for it in range(8)), (full, part)
-    assert full[7] < full[0] - 0.3  # it learns
+    assert full == part and sorted(full) == list(range(8)) and full[7] < full[0] - 0.3  # bitwise; it learns
     before = (tmp_path / "full" / "ckpt.pt").read_bytes()  # a finished run's resume: one more eval, no step
     run_here(common + ["--max_iters=8", "--out_dir=full", "--init_from=resume"], tmp_path)
     assert losses(tmp_path / "full") == full and (tmp_path / "full" / "ckpt.pt").read_bytes() == before
@@ -64,9 +74,8 @@ def test_rows_loss_mask_and_full_eval(data_root, tmp_path):
     run_here([TRAIN, f"--data_dir={data_root}", "--dataset=rows", "--out_dir=o"] + TINY + [
         "--max_iters=150", "--eval_interval=150", "--eval_iters=4", "--batch_size=32",
         "--gradient_accumulation_steps=1", "--lr_decay_iters=150"], tmp_path)  # (later keys override TINY's)
-    ev = [r["eval"] for r in records(tmp_path / "o") if "eval" in r]
-    assert ev[0]["val"]["tokens"] == 4 * 32  # one scored token per row
-    assert ev[-1]["val"]["acc"] > 0.9 and ev[0]["val"]["acc"] < 0.3
+    ev = [r["eval"] for r in records(tmp_path / "o", "eval")]  # one scored token per row:
+    assert ev[0]["val"]["tokens"] == 4 * 32 and ev[-1]["val"]["acc"] > 0.9 and ev[0]["val"]["acc"] < 0.3
     run_here([TRAIN, "--out_dir=o", "--init_from=resume", "--eval_only=True", "--eval_full=True",
               "--eval_splits=val"], tmp_path)
     full = json.load(open(tmp_path / "o" / "eval.json"))
@@ -83,7 +92,8 @@ def test_train_mask_false_trains_on_every_token(data_root, tmp_path):
         model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=20)).double().eval()
         x, y, m = data.get_batch("train", data.starts("train", 4, train.make_gen(seed, 0, 0)), "cpu")
         with torch.no_grad():
-            nll = F.cross_entropy(model(x, y)[0].double().flatten(0, 1), y.flatten(), reduction="none").view_as(y)
+            nll = F.cross_entropy(model(x, y)[0].double().flatten(0, 1), y.flatten(), reduction="none")
+        nll = nll.view_as(y)
         want = {True: float((nll * m).sum() / m.sum()), False: float(nll.mean())}
         if abs(want[True] - want[False]) > 1e-3:
             break
@@ -93,7 +103,7 @@ def test_train_mask_false_trains_on_every_token(data_root, tmp_path):
     for flag in (True, False):
         run_here(args + [f"--out_dir=o{flag}", f"--train_mask={flag}"], tmp_path)
         assert losses(tmp_path / f"o{flag}")[0] == pytest.approx(want[flag], abs=1e-4), (seed, flag)
-    ev = [next(r["eval"] for r in records(tmp_path / f"o{flag}") if "eval" in r) for flag in (True, False)]
+    ev = [records(tmp_path / f"o{flag}", "eval")[0]["eval"] for flag in (True, False)]
     assert ev[0] == ev[1] and ev[0]["val"]["tokens"] == 2 * 4
 
 
@@ -107,13 +117,12 @@ def test_ddp_matches_single_process(data_root, tmp_path):
     run(ddp + ["--out_dir=two"] + common, tmp_path)
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert sorted(one) == sorted(two) == list(range(6)) and one[5] < one[0]
-    assert all(abs(one[it] - two[it]) < 1e-5 * abs(one[it]) for it in one), (one, two)
+    assert two == pytest.approx(one, rel=1e-5)
     run(ddp + ["--out_dir=part"] + common + ["--max_iters=3"], tmp_path)
     assert torch.load(tmp_path / "part" / "ckpt.pt", weights_only=True)["iter_num"] == 3
     run(ddp + ["--out_dir=part", "--init_from=resume"] + common, tmp_path)
     assert sorted(os.listdir(tmp_path / "part")) == ["ckpt.pt", "metrics.jsonl"]
-    part = losses(tmp_path / "part")
-    assert sorted(part) == list(range(6)) and all(abs(part[it] - two[it]) <= 1e-6 * abs(two[it]) for it in part)
+    assert losses(tmp_path / "part") == pytest.approx(two, rel=1e-6)
 
 
 def test_train_step_against_float64_formulas(data_root):
@@ -122,8 +131,8 @@ def test_train_step_against_float64_formulas(data_root):
     decay on the 2-D weights but PoPE's delta) and delta projected into [-2pi, 0]."""
     seed = 1234
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=11, vocab_size=20, pope_delta_init="uniform",
-                          pope_delta_bound="project", attn_impl="torch")).double()
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=11, vocab_size=20, attn_impl="torch",
+                          pope_delta_init="uniform", pope_delta_bound="project")).double()
     with torch.no_grad():  # half of delta above 0, half below -2pi: a step leaves them out, to be projected
         model.transformer.h[0].attn.delta[:, 0::2] = 1.0
         model.transformer.h[0].attn.delta[:, 1::2] = -7.0
@@ -134,8 +143,8 @@ def test_train_step_against_float64_formulas(data_root):
     data = train.Data(str(data_root / "rows"), 11, ["train"])
     batches = [[data.get_batch("train", data.starts("train", 4, train.make_gen(seed, it, micro)), "cpu")
                 for micro in range(accum)] for it in range(2)]
-    got = [train.train_step(model, model, opt, scaler, nullcontext(), accum, clip, lambda mi: batches[it][mi]).item()
-           for it in range(2)]
+    got = [train.train_step(model, model, opt, scaler, nullcontext(), accum, clip,
+                            lambda mi: batches[it][mi]).item() for it in range(2)]
     params = dict(ref.named_parameters())
     moments = {n: (torch.zeros_like(p), torch.zeros_like(p)) for n, p in params.items()}
     want, clamped = [], 0
@@ -160,3 +169,155 @@ def test_train_step_against_float64_formulas(data_root):
     assert got == pytest.approx(want, rel=1e-12)
     for n, p in model.named_parameters():
         assert torch.allclose(p, params[n], rtol=1e-5, atol=1e-7), (n, (p - params[n]).abs().max().item())
+
+
+# -----------------------------------------------------------------------------
+# refusals and faults
+
+def args(data_root, *extra):
+    return [TRAIN, f"--data_dir={data_root}", "--dataset=toy"] + TINY + list(extra)
+
+
+def refused(p, *names):
+    """Exit status 1, one line on stderr, no traceback, every name in it."""
+    err = p.stderr.strip()
+    assert p.returncode == 1 and "Traceback" not in err and len(err.splitlines()) == 1, (p.returncode, err)
+    assert all(n in err for n in names), (names, err)
+
+
+def logged_iter(out_dir):
+    try:
+        return max(losses(out_dir), default=-1)
+    except (FileNotFoundError, json.JSONDecodeError):  # (a line being written)
+        return -1
+
+
+def wait_until(cond, proc):
+    """Poll until cond() holds while the process lives (300 s: a safety net, not a timed assert)."""
+    deadline = time.monotonic() + 300
+    while not cond():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+
+
+REFUSALS = {  # family: (settings, a name the one line must hold)
+    "unknown key, the nearest named": (["--lerning_rate=1e-3"], "learning_rate"),
+    "wrong type": (["--max_iters=ten"], "max_iters"),
+    "unknown key in a config file": (["bad.py"], "n_layers"),
+    "missing config file": (["nope.py"], "nope.py"),
+    "unknown value: model": (["--pos_emb=alibi"], "pos_emb"),
+    "unknown value: device": (["--device=tpu"], "device"),
+    "unknown value: eval_splits": (["--eval_splits=tset"], "eval_splits"),
+    "nonsense number": (["--batch_size=0"], "batch_size"),
+    "model rule": (["--n_head=5"], "n_head"),
+    "cuda_graph without CUDA": (["--cuda_graph=True"], "cuda_graph"),
+    "missing data, its prepare command": (["--dataset=indirect_indexing_quick"], "indirect_indexing.py"),
+    "no such checkpoint": (["--init_from=nothing.pt"], "nothing.pt"),
+    "nothing to resume": (["--init_from=resume"], "ckpt.pt"),
+}
+
+
+@pytest.mark.parametrize("family", REFUSALS)
+def test_refusals(data_root, tmp_path, family):
+    settings, name = REFUSALS[family]
+    (tmp_path / "bad.py").write_text("batch_size = 8\nn_layers = 3\n")
+    p = run_here(args(data_root, "--out_dir=o", "--max_iters=2", *settings), tmp_path, check=False)
+    refused(p, name)
+    assert not os.path.exists(tmp_path / "o") or os.listdir(tmp_path / "o") == []  # nothing written
+
+
+def test_checkpoints_are_never_lost(data_root, tmp_path):
+    """A new run never replaces a checkpoint unless asked; a diverging run never saves; a resume that names
+    another model is refused; --overwrite=True starts afresh."""
+    def run(*extra):
+        return run_here(args(data_root, "--out_dir=o", "--eval_interval=2", *extra), tmp_path, check=False)
+    assert run("--max_iters=4").returncode == 0
+    good = (tmp_path / "o" / "ckpt.pt").read_bytes()
+    for extra, name in ((["--max_iters=1"], "ckpt.pt"), (["--init_from=resume", "--n_embd=64"], "n_embd"),
+                        (["--init_from=resume", "--max_iters=8", "--learning_rate=1e30", "--min_lr=1"], "")):
+        refused(run(*extra), name)
+        assert (tmp_path / "o" / "ckpt.pt").read_bytes() == good, extra
+    assert run("--max_iters=2", "--overwrite=True").returncode == 0
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iter_num"] == 2
+    assert sorted(losses(tmp_path / "o")) == [0, 1]
+
+
+def test_a_second_run_on_a_live_out_dir_is_refused(data_root, tmp_path):
+    """While a run trains in o, a new run, one with --overwrite=True and a resume are refused; the live run's
+    log and checkpoint stay its own; once it is gone, o resumes, and a normal exit removes the lock."""
+    out = tmp_path / "o"
+    first = start(args(data_root, "--out_dir=o", "--max_iters=1000000", "--eval_interval=3", "--seed=1"),
+                  tmp_path)
+    try:
+        wait_until(lambda: (out / "ckpt.pt").exists() and logged_iter(out) >= 4, first)
+        for extra in ([], ["--overwrite=True"], ["--init_from=resume"]):
+            refused(run_here(args(data_root, "--out_dir=o", "--max_iters=5", "--seed=2", *extra), tmp_path,
+                             check=False), "o")
+        assert first.poll() is None
+    finally:
+        first.kill()
+        first.communicate()
+    its = sorted(losses(out))
+    assert its == list(range(len(its))) and len(its) >= 5  # one run's log
+    ck = torch.load(out / "ckpt.pt", weights_only=True)
+    assert ck["config"]["seed"] == 1 and ck["iter_num"] % 3 == 0
+    p = start(args(data_root, "--out_dir=o", "--init_from=resume", f"--max_iters={ck['iter_num'] + 1}"),
+              tmp_path)
+    assert p.wait(600) == 0 and sorted(os.listdir(out)) == ["ckpt.pt", "metrics.jsonl"]
+
+
+def test_data_swapped_under_a_run_and_before_a_resume(data_root, tmp_path):
+    """A prepare run swaps new data (rows of 23 tokens) into the folder a run trains on: the run goes on with
+    its data (its losses equal those of a run on an untouched copy, bitwise); a resume on the new data is
+    refused, naming the files, unless --data_changed_ok=True, which holds for that resume only."""
+    from prepare.common import staged_dataset
+    for d in ("data", "ref"):
+        shutil.copytree(data_root / "rows", tmp_path / d / "rows")
+    common = [TRAIN, "--dataset=rows", "--eval_interval=5", "--seed=5"] + TINY
+    live = start(common + [f"--data_dir={tmp_path / 'data'}", "--out_dir=live", "--max_iters=1000000"],
+                 tmp_path)
+    try:
+        wait_until(lambda: logged_iter(tmp_path / "live") >= 3, live)
+        with staged_dataset(tmp_path / "data" / "rows") as stage:  # what prepare/*.py does
+            write_rows(stage, 23, seed=2, prepare="regenerated")
+        swapped_at = logged_iter(tmp_path / "live")
+        wait_until(lambda: logged_iter(tmp_path / "live") >= swapped_at + 8, live)
+    finally:
+        live.kill()
+        live.communicate()
+    got = losses(tmp_path / "live")
+    run_here(common + [f"--data_dir={tmp_path / 'ref'}", "--out_dir=ref", f"--max_iters={max(got) + 1}"],
+             tmp_path)
+    want = losses(tmp_path / "ref")
+    assert all(got[i] == want[i] for i in got), (swapped_at, got, want)
+    ck = torch.load(tmp_path / "live" / "ckpt.pt", weights_only=True)
+    resume = common + [f"--data_dir={tmp_path / 'data'}", "--out_dir=live", "--init_from=resume"]
+    before = (tmp_path / "live" / "ckpt.pt").read_bytes()
+    refused(run_here(resume + [f"--max_iters={ck['iter_num'] + 2}"], tmp_path, check=False),
+            "meta.json", "train.bin", "--data_changed_ok")
+    assert (tmp_path / "live" / "ckpt.pt").read_bytes() == before
+    run_here(resume + [f"--max_iters={ck['iter_num'] + 2}", "--data_changed_ok=True"], tmp_path)
+    ck = torch.load(tmp_path / "live" / "ckpt.pt", weights_only=True)
+    assert ck["data"]["bytes"]["train.bin"] == 2000 * 23 * 2 and ck["meta"]["row_len"] == 23
+    with staged_dataset(tmp_path / "data" / "rows") as stage:
+        write_rows(stage, 23, seed=3, prepare="regenerated with another seed")
+    refused(run_here(resume + [f"--max_iters={ck['iter_num'] + 2}"], tmp_path, check=False), "meta.json")
+
+
+def test_damaged_and_foreign_checkpoints_are_refused(data_root, tmp_path, damage):
+    """Resume and fine-tune read through model.read_checkpoint (tests/test_checkpoint.py: every bad kind): a
+    refusal names the file and changes nothing; so does a fine-tune on data of another vocabulary."""
+    run_here(args(data_root, "--out_dir=o", "--max_iters=2", "--eval_interval=2"), tmp_path)
+    good = (tmp_path / "o" / "ckpt.pt").read_bytes()
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    torch.save({**ck, "config": {**ck["config"], "odd": fractions.Fraction(1, 3)}}, tmp_path / "pk.pt")
+    shutil.copy(tmp_path / "o" / "ckpt.pt", tmp_path / "bad.pt")
+    damage(tmp_path / "bad.pt")
+    for source, extra in (("bad.pt", []), ("pk.pt", []), ("o/ckpt.pt", ["--dataset=wide"])):
+        p = run_here(args(data_root, "--out_dir=ft", f"--init_from={source}", *extra), tmp_path, check=False)
+        refused(p, source if not extra else "vocab_size")
+        assert os.listdir(tmp_path / "ft") == [] and (tmp_path / "o" / "ckpt.pt").read_bytes() == good
+    for source in ("bad.pt", "pk.pt"):
+        shutil.copy(tmp_path / source, tmp_path / "o" / "ckpt.pt")
+        refused(run_here(args(data_root, "--out_dir=o", "--init_from=resume"), tmp_path, False), "ckpt.pt")
+
