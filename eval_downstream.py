@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from model import CheckpointError, load_checkpoint, read_checkpoint
-from prepare.common import PrepareError, check_writable, codec, die, write_json
+from prepare.common import PrepareError, check_outputs, codec, die, write_json
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIG_DIR = os.path.join(ROOT, "config", "lm_eval")
@@ -217,7 +217,7 @@ def main(argv=None):
     checked = [check_checkpoint(c) for c in args.ckpt]  # refuse before running anything
     try:
         if args.json:
-            check_writable(args.json, "--json")
+            check_outputs(json=args.json)
     except PrepareError as e:
         die(str(e))
     if not args.trust_remote_code:

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import CheckpointError, load_checkpoint
-from prepare.common import (PrepareError, check_writable, die, load_meta, read_tokens, vocab_key,
+from prepare.common import (PrepareError, check_outputs, die, load_meta, read_tokens, vocab_key,
                             write_atomic, write_json)
 
 DEFAULT_MAX_TOKENS = 1 << 20  # default cap on the scored tokens per length
@@ -76,14 +76,8 @@ def parse_args(argv):
         die(f"--labels has {len(args.labels)} names for {len(args.ckpt)} checkpoints")
     if missing := [path for path in args.ckpt if not os.path.isfile(path)]:  # fail before the slow part
         die(f"checkpoint {missing[0]} not found (train.py writes out_dir/ckpt.pt)")
-    try:  # before the slow part: outputs that cannot be written, a plot without matplotlib
-        for option, path in (("--json", args.json), ("--plot", args.plot)):
-            if path:
-                check_writable(path, option)
-        if args.plot:
-            import matplotlib.figure  # noqa: F401
-    except ImportError:
-        die(f"--plot {args.plot} needs matplotlib: pip install matplotlib")
+    try:  # before the slow part
+        check_outputs(json=args.json, plot=args.plot)
     except PrepareError as e:
         die(e)
     args.kind = data_kind(args.data)

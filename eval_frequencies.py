@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import CheckpointError, load_checkpoint, apply_rope, pope_frequencies, rope_cos_sin, yarn_inv_freq
-from prepare.common import (PrepareError, check_writable, die, load_meta, read_tokens, vocab_key,
+from prepare.common import (PrepareError, check_outputs, die, load_meta, read_tokens, vocab_key,
                             write_atomic, write_json)
 
 DEFAULT_TOKENS = 65536  # without --tokens: up to this many, fewer where --data holds fewer
@@ -68,14 +68,10 @@ def parse_args(argv):
                                   for p in args.ckpt]
     if len(set(args.labels)) < len(args.labels):  # (results are keyed by label)
         die(f"two checkpoints share the label {max(args.labels, key=args.labels.count)!r}; give --labels")
-    try:  # before the slow part: outputs that cannot be written, a plot without matplotlib
-        for option, path in (("--json", args.json), ("--plot", args.plot)):
-            if path:
-                check_writable(path, option)
-        if args.plot:
-            import matplotlib  # noqa: F401
-    except (PrepareError, ImportError) as e:
-        die(f"{e} (--plot needs matplotlib: pip install matplotlib)" if isinstance(e, ImportError) else e)
+    try:  # before the slow part
+        check_outputs(json=args.json, plot=args.plot)
+    except PrepareError as e:
+        die(e)
     return args
 
 

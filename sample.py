@@ -22,7 +22,7 @@ from contextlib import nullcontext  # noqa: E402
 import torch  # noqa: E402
 
 from model import CheckpointError, load_checkpoint, use_pope_kernel  # noqa: E402
-from prepare.common import PrepareError, check_writable, codec, die  # noqa: E402
+from prepare.common import PrepareError, check_outputs, codec, die  # noqa: E402
 
 
 def main(argv=None):
@@ -59,7 +59,7 @@ def main(argv=None):
             sys.exit(f"error: --start={start}: cannot read a UTF-8 prompt from it ({e})")
     try:
         if args.save:  # before the slow part
-            check_writable(f"{args.save}_0", "--save")
+            check_outputs(save=f"{args.save}_0")
         model, ckpt = load_checkpoint(args.ckpt or os.path.join(args.out_dir, "ckpt.pt"), device=args.device)
         meta = ckpt.get("meta", {})
         encode, decode = codec(meta)

@@ -54,15 +54,11 @@ def progress(iterable=None, **kw):
     return tqdm(iterable, mininterval=1.0, file=sys.stderr, unit_scale=kw.get("unit", "it") != "it", **kw)
 
 
-def default_out_dir(name):
-    return REPO_ROOT / "data" / name
-
-
 def script_parser(doc, name, **input_kwargs):
     """A prepare script's parser: doc as its description, --input (with input_kwargs) and --out_dir."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", **input_kwargs)
-    p.add_argument("--out_dir", default=str(default_out_dir(name)), help=f"(default data/{name})")
+    p.add_argument("--out_dir", default=str(REPO_ROOT / "data" / name), help=f"(default data/{name})")
     return p
 
 
@@ -93,16 +89,21 @@ def codec(meta):
     return encode, lambda ids: "".join(itos[i] for i in ids)
 
 
-def check_writable(path, option):
-    """Refuse (PrepareError), before any slow work, a path that is a folder or cannot be written."""
-    p = Path(os.path.abspath(path))
-    if p.is_dir():
-        raise PrepareError(f"{option} {path} is a folder; give a file name")
-    folder = next(f for f in p.parents if os.path.lexists(f))
-    try:
-        tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-").close()
-    except OSError as e:
-        raise PrepareError(f"{option} {path}: cannot write into {folder} ({e.strerror or e})") from None
+def check_outputs(**paths):
+    """Refuse (PrepareError), before any slow work, an output (--json=path, ...) that is a folder or cannot be
+    written, and --plot without matplotlib."""
+    for option, path in ((o, p) for o, p in paths.items() if p):
+        folder = next(f for f in Path(os.path.abspath(path)).parents if os.path.lexists(f))
+        try:
+            if os.path.isdir(path):
+                raise PrepareError(f"--{option} {path} is a folder; give a file name")
+            tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-").close()
+            if option == "plot":
+                import matplotlib  # noqa: F401
+        except OSError as e:
+            raise PrepareError(f"--{option} {path}: cannot write into {folder} ({e.strerror or e})") from None
+        except ImportError:
+            raise PrepareError(f"--plot {path} needs matplotlib: pip install matplotlib") from None
 
 
 def write_atomic(path, save):
@@ -261,13 +262,12 @@ def command_line(script, parser, args, defaults=None):
 def _rebuild_hint(d, meta):
     if isinstance(meta, dict) and isinstance(meta.get("prepare"), str):
         return f"rebuild it with: {meta['prepare']}"
-    scripts = sorted({p.stem for p in Path(__file__).parent.glob("*.py")} - {"__init__", "common"})
-    cmd = ("python prepare/indirect_indexing.py --quick" if d.name == "indirect_indexing_quick" else
-           d.name in scripts and f"python prepare/{d.name}.py")
-    if not cmd:
+    scripts = sorted(p.stem for p in Path(__file__).parent.glob("*.py") if p.stem not in ("__init__", "common"))
+    script = "indirect_indexing.py --quick" if d.name == "indirect_indexing_quick" else f"{d.name}.py"
+    if script.split(".")[0] not in scripts:
         return "make it with one of: " + ", ".join(f"python prepare/{s}.py" for s in scripts)
-    out = "" if d.absolute() == default_out_dir(d.name) else " --out_dir " + shlex.quote(repo_path(d))
-    return f"rebuild it with: {cmd}{out}"
+    out = "" if d.absolute() == REPO_ROOT / "data" / d.name else " --out_dir " + shlex.quote(repo_path(d))
+    return f"make it with: python prepare/{script}{out}"
 
 
 def check_dataset(data_dir, splits=("train", "val"), scan=True):

@@ -232,7 +232,7 @@ def build_parser():
 def rebuild_command(args):
     """meta["prepare"]: the command line that rebuilds this dataset (see common.command_line)."""
     name = QUICK["name"] if args.quick else NAME
-    return common.command_line(NAME, build_parser(), args, defaults={"out_dir": str(common.default_out_dir(name))})
+    return common.command_line(NAME, build_parser(), args, defaults={"out_dir": str(common.REPO_ROOT / "data" / name)})
 
 
 def _physical_memory():
@@ -251,7 +251,7 @@ def main(argv=None):
     for k in ("n_train", "min_len", "max_len", "max_shift"):
         if getattr(args, k) is None:
             setattr(args, k, base[k])
-    out_dir = Path(args.out_dir) if args.out_dir else common.default_out_dir(base["name"])
+    out_dir = Path(args.out_dir) if args.out_dir else common.REPO_ROOT / "data" / base["name"]
     sizes = {"train": args.n_train, "val": args.n_val, "test": args.n_test}
     for split, n in sizes.items():
         if n <= 0:
