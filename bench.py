@@ -30,7 +30,7 @@ import triton
 from triton.testing import do_bench
 
 import pope_kernel as pk
-from model import (GPT, GPTConfig, apply_rope, pope_attention_torch, pope_delta, pope_frequencies,
+from model import (GPT, GPTConfig, apply_rope, cuda_graph, pope_attention_torch, pope_delta, pope_frequencies,
                    rope_cos_sin, yarn_inv_freq)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -68,20 +68,11 @@ def inputs(B, H, T, D, dtype, seed):
 
 def graph_ms(step, leaves):
     """Median time of one CUDA graph replay of step() (warm: tuned, compiled), L2 flushed between replays."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            for x in leaves:
-                x.grad = None
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    for x in leaves:
-        x.grad = None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    def fresh_step():  # the leaves' gradients made anew each call, as in training
+        for x in leaves:
+            x.grad = None
         step()
-    return do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+    return do_bench(cuda_graph(fresh_step, warmup=2)[0], warmup=25, rep=100, return_mode="median")
 
 
 def peak_mb(fn):
