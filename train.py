@@ -362,8 +362,8 @@ def main(argv):
             t0, it0 = time.time(), iter_num  # keep eval time out of the step timing
         if last:
             break
-
-        torch.manual_seed(make_gen(seed, iter_num, rank, 1).initial_seed())  # dropout: bitwise resumes
+        if dropout > 0:  # dropout alone draws from torch's RNG in a step: reseeded, resumes stay bitwise
+            torch.manual_seed(make_gen(seed, iter_num, rank, 1).initial_seed())
         loss_acc = graphed(iter_num, lr) if graphed is not None else step(train_batch)
         if iter_num % log_interval == 0:
             if world > 1:  # every rank joins: the logged loss is the mean over the global batch
