@@ -93,9 +93,10 @@ def test_results_scripts_name_only_configs_that_exist():
 def test_setup_writes_the_provenance_with_the_commit_given_or_unknown(tmp_path):
     for env, commit, dirty in (({"POPE_COMMIT": "abc1234", "POPE_DIRTY": ""}, "abc1234", "no"),
                                ({}, "unknown", "unknown")):
-        out = tmp_path / commit
+        out = tmp_path / commit  # (the caller's own POPE_COMMIT / POPE_DIRTY are left out)
+        base = {k: v for k, v in os.environ.items() if k not in ("POPE_COMMIT", "POPE_DIRTY")}
         subprocess.run(["bash", "-c", f"source {REPO}/results/setup.sh"], cwd=tmp_path, check=True,
-                       env={**os.environ, "OUT": str(out), "GIT_DIR": str(tmp_path / "none"), **env})
+                       env={**base, "OUT": str(out), "GIT_DIR": str(tmp_path / "none"), **env})
         text = (out / "env.txt").read_text()
         lines = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
         assert lines["commit"] == commit and lines["dirty"] == dirty and lines["date"][:2] == "20"
