@@ -6,19 +6,28 @@
 #   python bench.py train --block_size T     the 124M compiled step at 32k tokens, T = 1024, 4096, 16384:
 #                                            RoPE, PoPE on the kernel, PoPE's PyTorch path, PoPE with auto
 #   python bench.py sample                   decoding tok/s, 124M, PoPE and RoPE, eager and graphed
-# The GPU correctness checks are tests: python -m pytest -q tests/test_gpu.py
+# and first the whole test suite with the GPU visible (tests/test_gpu.py holds the GPU's correctness checks).
 #
 # Needs:   1 CUDA GPU (CUDA_VISIBLE_DEVICES picks it; default the first).
 # Time:    H200: a few minutes a job, most of it autotuning and compilation.
-# Outputs: results/kernel/bench-kernel.{txt,json}, results/kernel/train-{1024,4096,16384}.{txt,json},
-#          results/sample/bench-sample.{txt,json}
+# Outputs: results/gpu_tests/pytest.log and env.txt (its provenance: results/setup.sh),
+#          results/kernel/bench-kernel{,-rerun}.{txt,json} (a second run right after: the 16k graph replay
+#          varies between runs), results/kernel/train-{1024,4096,16384}.{txt,json} and train-1024-b16.*
+#          (16 x 1024, the batch of earlier measurements), results/sample/bench-sample.{txt,json}
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+OUT=results/gpu_tests; source results/setup.sh
+python -m pytest -q -rs tests/ 2>&1 | tee $OUT/pytest.log
 mkdir -p results/kernel results/sample
-python bench.py kernel --json results/kernel/bench-kernel.json 2>&1 | tee results/kernel/bench-kernel.txt
+for run in "" -rerun; do
+  python bench.py kernel --json results/kernel/bench-kernel$run.json 2>&1 \
+    | tee results/kernel/bench-kernel$run.txt
+done
 for T in 1024 4096 16384; do
   python bench.py train --block_size $T --paths rope,pope-kernel,pope-torch,pope-auto \
     --json results/kernel/train-$T.json 2>&1 | tee results/kernel/train-$T.txt
 done
+python bench.py train --block_size 1024 --tokens 16384 --paths rope,pope-kernel,pope-torch \
+  --json results/kernel/train-1024-b16.json 2>&1 | tee results/kernel/train-1024-b16.txt
 python bench.py sample --json results/sample/bench-sample.json 2>&1 | tee results/sample/bench-sample.txt

@@ -635,46 +635,64 @@ def t_freq_lm():
     return table(FREQ_HEAD, freq_rows("lm/frequencies.json"))
 
 
+def bench(name):
+    return json.load(open(os.path.join(R, name)))["rows"]
+
+
 def t_kernel():
-    """bench.py kernel's table lines: path, shape, fwd, eager fwd+bwd, graph fwd+bwd, TFLOP/s, peak MB."""
-    line = re.compile(r"(\S.*?)\s{2,}(\d+,\d+,\d+,\d+)" + r"\s+([\d.]+)" * 5 + r"\s*$")
-    rows = [list(m.groups()) for m in map(line.match, open(os.path.join(R, "kernel/bench-kernel.txt"))) if m]
-    return table(["path", "(B,H,T,d)", "fwd ms", "fwd+bwd eager", "fwd+bwd graph", "graph TFLOP/s",
-                  "peak MB"], rows)
+    """bench.py kernel, two runs one after the other on one machine: the second run's graph time beside the first."""
+    again = {(r["path"], r["shape"]): r["graph"] for r in bench("kernel/bench-kernel-rerun.json")}
+    return table(["path", "(B,H,T,d)", "fwd ms", "fwd+bwd eager", "fwd+bwd graph", "graph, 2nd run",
+                  "graph TFLOP/s", "peak MB"],
+                 [[r["path"], r["shape"]] + [f"{r[k]:.3f}" for k in ("fwd", "fwdbwd", "graph")]
+                  + [f"{again[r['path'], r['shape']]:.3f}", f"{r['tflops']:.1f}", f"{r['peak_mb']:.0f}"]
+                  for r in bench("kernel/bench-kernel.json")])
 
 
 def t_kernel_profile():
     """bench.py kernel's per-kernel GPU µs: the PoPE kernel's parts, and cuDNN's two kernels at d=128."""
-    rows, shape = [], None
-    for line in open(os.path.join(R, "kernel/bench-kernel.txt")):
-        shape = (re.match(r"pope kernel\s+(\d+,\d+,\d+,\d+)", line) or [None, shape])[1]
-        m = re.match(r"\s+(pope kernel|SDPA d=128)\s+GPU µs per fwd\+bwd: (.*)", line)
-        if not m:
-            continue
-        us = [(n.strip(), float(x)) for n, x in re.findall(r"(.+?) (\d+\.\d+)(?:, |$)", m[2])]
-        if m[1] == "pope kernel":
-            row = [shape] + [f"{dict(us)[n]:.1f}" for n in ("_pope_fwd", "_pope_bwd_dkdv", "_pope_bwd_dq",
-                                                             "_cartesian_kernel")]
-        else:  # the larger of cuDNN's two attention kernels is the backward
-            cudnn = sorted((x for n, x in us if n.startswith("cudnn_generated")), reverse=True)
-            rows.append(row + [f"{cudnn[0]:.1f}, {cudnn[1]:.1f}"])
-    return table(["(B,H,T,d)", "forward", "dk/dv", "dq", "Cartesian pre-passes",
-                  "SDPA d=128: backward, forward"], rows)
+    rows = {(r["path"], r["shape"]): dict(r["kernels"]) | {"": [x for n, x in r["kernels"]
+                                                              if n.startswith("cudnn_generated")]}
+            for r in bench("kernel/bench-kernel.json")}
+    graph = [{(r["path"], r["shape"]): r["graph"] for r in bench(f"kernel/{f}.json")}
+             for f in ("bench-kernel", "bench-kernel-rerun")]
+    return table(["(B,H,T,d)", "forward", "dk/dv", "dq", "Cartesian pre-pass", "SDPA d=128: backward, forward",
+                  "graph ÷ SDPA d=128's, 1st / 2nd run"],
+                 [[shape] + [f"{us[n]:.1f}" for n in ("_pope_fwd", "_pope_bwd_dkdv", "_pope_bwd_dq",
+                                                     "_cartesian_kernel")]
+                  + [", ".join(f"{x:.1f}" for x in sorted(rows["SDPA d=128", shape][""], reverse=True))]
+                  + [" / ".join(f"{g['pope kernel', shape] / g['SDPA d=128', shape]:.2f}" for g in graph)]
+                  for (path, shape), us in rows.items() if path == "pope kernel"])
 
 
-def t_kernel_targets():
-    import subprocess
-    import sys
-    return subprocess.run([sys.executable, os.path.join(R, "kernel", "targets.py"), "--before",
-                           os.path.join(R, "kernel", "bench-kernel-swept.txt")],
-                          capture_output=True, text=True, check=True).stdout.strip()
+STEPS = ("train-1024-b16", "train-1024", "train-4096", "train-16384")
 
 
 def t_train_step():
-    steps = re.findall(r"^(rope|pope)\s+attn_impl=(\w+)\s+([\d.]+) ms/step\s+([\d,]+) tok/s",
-                       open(os.path.join(R, "train_speed/bench-train-v3.log")).read(), flags=re.M)
-    return table(["model", "attention", "ms/step", "tokens/s", "÷ RoPE"],
-                 [list(s) + [f"{float(s[2]) / float(steps[0][2]):.3f}"] for s in steps])
+    rows = []
+    for name in STEPS:
+        by = {r["path"]: r for r in bench(f"kernel/{name}.json")}
+        for path, r in by.items():
+            rows.append([f"{r['batch']} × {r['block_size']}", path, f"{r['ms']:.2f}", f"{r['tok_s']:,.0f}",
+                         f"{r['peak_alloc_gb']:.1f}", f"{r['ms'] / by['rope']['ms']:.3f}",
+                         f"{r['ms'] / by['pope-torch']['ms']:.3f}" if path.startswith("pope") else ""])
+    return table(["batch × context", "path", "ms/step", "tokens/s", "peak GB", "÷ RoPE", "÷ PyTorch path"], rows)
+
+
+def t_step_targets():
+    """Issue 44's targets for the 124M step at 32k tokens: the kernel against the PyTorch path and RoPE, memory."""
+    rows = []
+    for T, bound in ((1024, 1.10), (4096, 1.20), (16384, 1.35)):
+        by = {r["path"]: r for r in bench(f"kernel/train-{T}.json")}
+        kern, torch_, rope, auto = (by[p] for p in ("pope-kernel", "pope-torch", "rope", "pope-auto"))
+        for what, x, ref, lim in (("kernel ≤ 0.95× PyTorch path", kern["ms"], torch_["ms"], 0.95),
+                                  (f"kernel ≤ {bound:.2f}× RoPE", kern["ms"], rope["ms"], bound),
+                                  (f"auto ≤ {bound:.2f}× RoPE", auto["ms"], rope["ms"], bound),
+                                  ("kernel's peak memory ≤ RoPE's", kern["peak_alloc_gb"], rope["peak_alloc_gb"], 1),
+                                  ("auto's peak memory ≤ RoPE's", auto["peak_alloc_gb"], rope["peak_alloc_gb"], 1)):
+            rows.append([what, f"{by['rope']['batch']} × {T}", f"{x:.2f} vs {ref:.2f}", f"{x / ref:.3f}",
+                         "yes" if x / ref <= lim else "no"])
+    return table(["target", "batch × context", "measured", "ratio", "met"], rows)
 
 
 def t_train_small():
@@ -689,12 +707,9 @@ def t_train_small():
 
 
 def t_decode():
-    rows = json.load(open(os.path.join(R, "sample/bench-sample-direct.json")))["sample"]["rows"]
-    by = {(r["model"], r["context"], r["batch"], r["weights"]): r for r in rows}
-    return table(["model", "context", "batch", "eager, autocast", "eager, bf16 weights", "graph, autocast",
-                  "graph, bf16 weights (default)"],
-                 [[pe, str(c), str(b)] + [f"{by[pe, c, b, w][k]:,.0f}" for k in ("eager_tok_s", "graph_tok_s")
-                                          for w in ("autocast", "bfloat16")]
+    by = {(r["model"], r["context"], r["batch"], r["mode"]): r["tok_s"] for r in bench("sample/bench-sample.json")}
+    return table(["model", "context", "batch", "eager", "graph (sample.py's default on CUDA)"],
+                 [[pe, str(c), str(b)] + [f"{by[pe, c, b, m]:,.0f}" for m in ("eager", "graph")]
                   for c in (1024, 8192) for b in (1, 8) for pe in ("pope", "rope")])
 
 
@@ -708,7 +723,7 @@ def t_memory():
 
 TABLES = {f.__name__[2:]: f for f in (
     t_ii_floor, t_ii_paired, t_ii_variants, t_ii_takeoff, t_ii_takeoff_sign, t_ii_repeats, t_ii_shift_curve,
-    t_tasks, t_tasks_paired, t_lm_rise, t_lm_seeds, t_lm_paired, t_kernel, t_kernel_profile, t_kernel_targets,
+    t_tasks, t_tasks_paired, t_lm_rise, t_lm_seeds, t_lm_paired, t_kernel, t_kernel_profile, t_step_targets,
     t_train_step, t_train_small, t_decode, t_memory, t_delta_toy, t_delta_lm, t_freq_ii, t_freq_lm)}
 TABLES.update(ii_target=lambda: t_ii("target", ["94.82 ± 2.91%", "11.16 ± 2.45%", ""]),
               ii_all=lambda: t_ii("all"),

@@ -1,5 +1,6 @@
 """The results/ scripts on made-up inputs: summarize.py's take-offs, means and extrapolation tables,
-delta_stats.py's phases, kernel/targets.py's ratios, the drivers' refusals, configs and provenance file."""
+delta_stats.py's phases, its step targets, the drivers' refusals, configs and provenance file."""
+import importlib.util
 import json
 import math
 import os
@@ -137,28 +138,24 @@ def test_delta_stats_against_a_float64_reference(tmp_path):
         assert r.returncode == 1 and r.stdout == "" and str(paths[2]) in r.stderr
 
 
-def test_kernel_targets_ratios_and_verdicts(tmp_path):
-    """Each ratio is measured / reference from the raw lines; a target is met only at or under its bound."""
-    rows = {"pope kernel": (0.2, 0.9, 0.6, 80), "rope+SDPA d=64": (0.2, 0.75, 0.5, 100),
-            "SDPA d=64": (0.05, 0.2, 0.25, 73), "SDPA d=128": (0.1, 0.3, 0.3, 150)}
-    (tmp_path / "k.txt").write_text("# header\n" + "".join(
-        f"{n:26s} 8,12,1024,64   {f:7.3f} {fb:8.3f} {g:7.3f}    100.0 {mb:8d}\n"
-        for n, (f, fb, g, mb) in rows.items()))
-    (tmp_path / "t.txt").write_text("rope  attn_impl=auto      40.00 ms/step\n"
-                                    "pope  attn_impl=triton    41.00 ms/step\n")
-    (tmp_path / "h.txt").write_text("pope kernel fwd+bwd (with pope_delta, as model.py)  host  150.0  x\n"
-                                    "rope + SDPA fwd+bwd                                 host  300.0  x\n")
-    (tmp_path / "c.txt").write_text("ok a bitwise-deterministic=True\nok b bitwise-deterministic=False\n")
-    paths = [f"--{k}={tmp_path / f}" for k, f in (("kernel", "k.txt"), ("train", "t.txt"), ("host", "h.txt"),
-                                                   ("check", "c.txt"))]
-    lines = run("kernel/targets.py", *paths).stdout.splitlines()[2:]
-    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
-    got = {(c[0], c[1]): c[3:] for c in cells}  # (target, shape) -> [ratio, met]
-    assert got["fwd+bwd graph ≤ SDPA d=128 graph", "8,12,1024,64"] == ["2.00", "no"]  # 0.6 / 0.3
-    assert got["fwd+bwd graph ≤ eager RoPE + SDPA", "8,12,1024,64"] == ["0.80", "yes"]  # 0.6 / 0.75
-    assert got["124M step ≤ 1.05× RoPE", "16 × 1024"] == ["1.025", "yes"]  # 41 / 40
-    assert got["peak memory ≤ RoPE + SDPA's", "8,12,1024,64"] == ["0.80", "yes"]  # 80 / 100
-    assert got["bitwise-deterministic gradients", "bench.py check"][1] == "no"
-    (tmp_path / "k.txt").write_text("nothing here\n")
-    r = run("kernel/targets.py", *paths, check=False)
-    assert r.returncode != 0 and "Traceback" not in r.stderr
+def test_step_targets_ratios_and_verdicts(tmp_path, monkeypatch):
+    """Each ratio is the measured ms (or GB) over the reference's; a target is met only at or under its bound."""
+    spec = importlib.util.spec_from_file_location("summarize", REPO / "results" / "summarize.py")
+    S = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(S)
+    (tmp_path / "kernel").mkdir()
+    for T, ms in ((1024, (40, 38, 41, 40)), (4096, (100, 95, 96, 80)), (16384, (120, 130, 110, 100))):
+        rows = [{"path": p, "batch": 32768 // T, "ms": m, "peak_alloc_gb": 20 + i}
+                for i, (p, m) in enumerate(zip(("pope-kernel", "pope-torch", "pope-auto", "rope"), ms))]
+        (tmp_path / "kernel" / f"train-{T}.json").write_text(json.dumps({"rows": rows}))
+    monkeypatch.setattr(S, "R", str(tmp_path))
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in S.t_step_targets().splitlines()[2:]]
+    got = {(c[0], c[1]): c[3:] for c in cells}  # (target, batch x context) -> [ratio, met]
+    assert got["kernel ≤ 0.95× PyTorch path", "32 × 1024"] == ["1.053", "no"]  # 40 / 38
+    assert got["kernel ≤ 1.10× RoPE", "32 × 1024"] == ["1.000", "yes"]
+    assert got["auto ≤ 1.20× RoPE", "8 × 4096"] == ["1.200", "yes"]  # at the bound: met
+    assert got["kernel ≤ 0.95× PyTorch path", "2 × 16384"] == ["0.923", "yes"]  # 120 / 130
+    assert got["kernel ≤ 1.35× RoPE", "2 × 16384"] == ["1.200", "yes"]
+    assert got["kernel's peak memory ≤ RoPE's", "2 × 16384"] == ["0.870", "yes"]  # 20 / 23
+    assert got["auto's peak memory ≤ RoPE's", "8 × 4096"] == ["0.957", "yes"]  # 22 / 23
+    assert len(cells) == 15
