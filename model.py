@@ -119,7 +119,7 @@ def use_pope_kernel(attn_impl, q, k, v, delta, *, compiled=None, decoding=False)
     if attn_impl == "auto" and not q.is_cuda:
         return False, f"attn_impl='auto' on {q.device.type}; the kernels run on CUDA"
     # Until the kernel wins there (issue 44): H200, 124M, bf16, 32k tokens a step, ms/step PyTorch vs kernel
-    # under torch.compile: 1k 41.13 vs 40.11, 4k 100.2 vs 102.0, 16k 187.3 vs 200.0.
+    # under torch.compile: 1k 78.36 vs 77.83, 4k 99.96 vs 102.01, 16k 188.13 vs 200.26 (results/kernel/).
     compiled = torch.compiler.is_compiling() if compiled is None else compiled
     if attn_impl == "auto" and compiled and not decoding and q.size(2) > 1024:
         return False, "attn_impl='auto', torch.compile, over 1024 tokens: there the PyTorch path is faster"

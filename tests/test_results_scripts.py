@@ -88,7 +88,7 @@ def test_results_scripts_name_only_configs_that_exist():
             tasks = re.findall(r"^\s+(\w+)\)\s+python prepare/\1\.py", text, re.M) if "$task" in path else []
             assert "$" not in path or len(tasks) == 3, (script.name, path)
             names += [f"config/{t}.py" for t in tasks] or [path]
-    assert len(names) >= 11 and [n for n in names if not (REPO / n).is_file()] == []
+    assert len(names) >= 10 and [n for n in names if not (REPO / n).is_file()] == []
 
 
 def test_setup_writes_the_provenance_with_the_commit_given_or_unknown(tmp_path):
