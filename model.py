@@ -268,14 +268,20 @@ class GPT(nn.Module):
     def get_num_params(self):  # (the tied embedding counted once; there is no position table)
         return sum(p.numel() for p in self.parameters())
 
-    def attention_path(self, device=None, compiled=False, T=None):  # for logs: use_pope_kernel's choice, why
-        cfg = self.config
+    def attention_path(self, device=None, compiled=False, T=None, decoding=False):  # for logs: the one rule's
+        cfg = self.config  # choice and why; decoding: generate()'s one-token steps on a cache of T slots
         if cfg.pos_emb != "pope":
             return f"{cfg.pos_emb}: PyTorch SDPA (model.py)"
         shape = (1, cfg.n_head, T or cfg.block_size, cfg.n_embd // cfg.n_head)  # (one number, expanded)
-        q = torch.zeros((), device=device or self.lm_head.weight.device).expand(shape)
-        kernel, why = use_pope_kernel(cfg.attn_impl, q, q, q, q[0, :, 0], compiled=compiled)
+        q = torch.zeros((), device=device or self.lm_head.weight.device,
+                        dtype=self.cache_dtype() if decoding else None).expand(shape)
+        kernel, why = use_pope_kernel(cfg.attn_impl, q, q, q, q[0, :, 0], compiled=compiled,
+                                      decoding=decoding)
         return f"pope: {'the kernel of pope_kernel.py' if kernel else 'the PyTorch path of model.py'} ({why})"
+
+    def cache_dtype(self):  # generate()'s KV cache: in the attention's dtype
+        dev, dtype = self.lm_head.weight.device.type, self.lm_head.weight.dtype
+        return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else dtype
 
     def forward(self, idx, targets=None, loss_mask=None, cache=None):  # loss: mean where loss_mask != 0
         x = self.transformer.drop(self.transformer.wte(idx))
@@ -331,9 +337,7 @@ class GPT(nn.Module):
         if T0 > N:
             raise ValueError(f"the prompt has {T0} tokens, more than the context of {N}: crop it or raise it")
         clock = lambda: (device.type == "cuda" and torch.cuda.synchronize(device), time.perf_counter())[1]
-        amp, t0 = torch.is_autocast_enabled(device.type), clock()  # the cache: in the attention's dtype
-        dtype = torch.get_autocast_dtype(device.type) if amp else self.lm_head.weight.dtype
-        cache = KVCache(self, B, N, dtype)
+        cache, t0 = KVCache(self, B, N, self.cache_dtype()), clock()
         out, tok = torch.cat([idx, idx.new_empty(B, max_new_tokens)], 1), idx.new_empty(B, 1)  # tok: in/out
 
         def step(window=None):  # one token on the cache, or the forward over a window of tokens

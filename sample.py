@@ -21,7 +21,7 @@ from contextlib import nullcontext  # noqa: E402
 
 import torch  # noqa: E402
 
-from model import CheckpointError, load_checkpoint, use_pope_kernel  # noqa: E402
+from model import CheckpointError, load_checkpoint  # noqa: E402
 from prepare.common import PrepareError, check_outputs, codec, die  # noqa: E402
 
 
@@ -87,16 +87,12 @@ def main(argv=None):
     dtype = ("bfloat16" if cuda else "float32") if args.dtype == "auto" else args.dtype
     if not (amp := dtype == "autocast"):  # (the checkpoint's weights are float32)
         model.cast_weights_(getattr(torch, dtype))
-    cfg = model.config  # the caches generate() makes, asked of the one rule (expanded: no memory)
-    cache = torch.zeros((), device=args.device, dtype=torch.bfloat16 if amp else
-                        model.lm_head.weight.dtype).expand(1, cfg.n_head, context, cfg.n_embd // cfg.n_head)
-    kernel, why = use_pope_kernel(cfg.attn_impl, cache, cache, cache, None, decoding=True)
-    print(f"decoding: {mode}, {'bf16 autocast' if amp else dtype}, KV cache of {context} positions, one-token"
-          f" steps on {'the decoding kernel' if kernel else 'PyTorch'} ({why})", file=sys.stderr)
     if cuda:
         torch.cuda.set_device(args.device)  # the CUDA graph is captured on the current device's streams
     times, t0 = {}, time.perf_counter()
     with torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16) if amp else nullcontext():
+        print(f"decoding: {mode}, {'bf16 autocast' if amp else dtype}, KV cache of {context} positions, "
+              f"one-token steps: {model.attention_path(T=context, decoding=True)}", file=sys.stderr)
         y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                            vocab_size=meta.get("vocab_size"), context=context, mode=mode, times=times)
     if args.save:
