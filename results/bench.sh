@@ -4,7 +4,8 @@
 #   python bench.py kernel                   the attention kernel against SDPA, RoPE+SDPA and PoPE's PyTorch
 #                                            path at (8,12,1k,64), (2,12,4k,64), (1,12,16k,64)
 #   python bench.py train --block_size T     the 124M compiled step at 32k tokens, T = 1024, 4096, 16384:
-#                                            RoPE, PoPE on the kernel, PoPE's PyTorch path, PoPE with auto
+#                                            RoPE, PoPE on the kernel, PoPE's PyTorch path, PoPE with auto,
+#                                            and each path's longest CUDA kernels (--profile)
 #   python bench.py sample                   decoding tok/s, 124M, PoPE and RoPE, eager and graphed
 # and first the whole test suite with the GPU visible (tests/test_gpu.py holds the GPU's correctness checks).
 #
@@ -25,7 +26,7 @@ for run in "" -rerun; do
     | tee results/kernel/bench-kernel$run.txt
 done
 for T in 1024 4096 16384; do
-  python bench.py train --block_size $T --paths rope,pope-kernel,pope-torch,pope-auto \
+  python bench.py train --block_size $T --paths rope,pope-kernel,pope-torch,pope-auto --profile \
     --json results/kernel/train-$T.json 2>&1 | tee results/kernel/train-$T.txt
 done
 python bench.py train --block_size 1024 --tokens 16384 --paths rope,pope-kernel,pope-torch \

@@ -656,11 +656,13 @@ def t_kernel_profile():
             for r in bench("kernel/bench-kernel.json")}
     graph = [{(r["path"], r["shape"]): r["graph"] for r in bench(f"kernel/{f}.json")}
              for f in ("bench-kernel", "bench-kernel-rerun")]
-    return table(["(B,H,T,d)", "forward", "dk/dv", "dq", "Cartesian pre-pass", "SDPA d=128: backward, forward",
+    parts = ("_pope_fwd", "_pope_bwd_dkdv", "_pope_bwd_dq", "_cartesian_kernel")
+    cudnn = lambda path, shape: ", ".join(f"{x:.1f}" for x in sorted(rows[path, shape][""], reverse=True))
+    return table(["(B,H,T,d)", "forward", "dk/dv", "dq", "Cartesian pre-pass", "sum",
+                  "PyTorch path's SDPA: backward, forward", "SDPA d=128: backward, forward",
                   "graph ÷ SDPA d=128's, 1st / 2nd run"],
-                 [[shape] + [f"{us[n]:.1f}" for n in ("_pope_fwd", "_pope_bwd_dkdv", "_pope_bwd_dq",
-                                                     "_cartesian_kernel")]
-                  + [", ".join(f"{x:.1f}" for x in sorted(rows["SDPA d=128", shape][""], reverse=True))]
+                 [[shape] + [f"{us[n]:.1f}" for n in parts] + [f"{sum(us[n] for n in parts):.1f}"]
+                  + [cudnn("pope torch (cart.+SDPA)", shape), cudnn("SDPA d=128", shape)]
                   + [" / ".join(f"{g['pope kernel', shape] / g['SDPA d=128', shape]:.2f}" for g in graph)]
                   for (path, shape), us in rows.items() if path == "pope kernel"])
 
