@@ -635,64 +635,68 @@ def t_freq_lm():
     return table(FREQ_HEAD, freq_rows("lm/frequencies.json"))
 
 
-def bench(name):
-    return json.load(open(os.path.join(R, name)))["rows"]
+def bench(name):  # a bench.py --json file's rows by key: (path, shape) for kernel's, path for train's
+    rows = json.load(open(os.path.join(R, name)))["rows"]
+    return {(r["path"], r["shape"]) if "shape" in r else r["path"]: r for r in rows}
 
 
 def t_kernel():
-    """bench.py kernel, two runs one after the other on one machine: the second run's graph time beside the first."""
-    again = {(r["path"], r["shape"]): r["graph"] for r in bench("kernel/bench-kernel-rerun.json")}
+    """bench.py kernel, two runs in a row on one machine: the second's graph time beside the first's."""
+    first, second = bench("kernel/bench-kernel.json"), bench("kernel/bench-kernel-rerun.json")
     return table(["path", "(B,H,T,d)", "fwd ms", "fwd+bwd eager", "fwd+bwd graph", "graph, 2nd run",
                   "graph TFLOP/s", "peak MB"],
-                 [[r["path"], r["shape"]] + [f"{r[k]:.3f}" for k in ("fwd", "fwdbwd", "graph")]
-                  + [f"{again[r['path'], r['shape']]:.3f}", f"{r['tflops']:.1f}", f"{r['peak_mb']:.0f}"]
-                  for r in bench("kernel/bench-kernel.json")])
+                 [[path, shape] + [f"{r[k]:.3f}" for k in ("fwd", "fwdbwd", "graph")]
+                  + [f"{second[path, shape]['graph']:.3f}", f"{r['tflops']:.1f}", f"{r['peak_mb']:.0f}"]
+                  for (path, shape), r in first.items()])
 
 
 def t_kernel_profile():
-    """bench.py kernel's per-kernel GPU µs: the PoPE kernel's parts, and cuDNN's two kernels at d=128."""
-    rows = {(r["path"], r["shape"]): dict(r["kernels"]) | {"": [x for n, x in r["kernels"]
-                                                              if n.startswith("cudnn_generated")]}
-            for r in bench("kernel/bench-kernel.json")}
-    graph = [{(r["path"], r["shape"]): r["graph"] for r in bench(f"kernel/{f}.json")}
-             for f in ("bench-kernel", "bench-kernel-rerun")]
+    """bench.py kernel's per-kernel GPU µs: the PoPE kernel's parts, and the two cuDNN kernels of PoPE's
+    PyTorch path and of SDPA at d=128 (the larger is the backward); graph ÷ SDPA d=128's, both runs."""
+    runs = bench("kernel/bench-kernel.json"), bench("kernel/bench-kernel-rerun.json")
     parts = ("_pope_fwd", "_pope_bwd_dkdv", "_pope_bwd_dq", "_cartesian_kernel")
-    cudnn = lambda path, shape: ", ".join(f"{x:.1f}" for x in sorted(rows[path, shape][""], reverse=True))
+
+    def cudnn(path, shape):
+        us = [x for n, x in runs[0][path, shape]["kernels"] if n.startswith("cudnn_generated")]
+        return ", ".join(f"{x:.1f}" for x in sorted(us, reverse=True))
+    rows = []
+    for (path, shape), r in runs[0].items():
+        if path == "pope kernel":
+            us = dict(r["kernels"])
+            ratios = [g[path, shape]["graph"] / g["SDPA d=128", shape]["graph"] for g in runs]
+            rows.append([shape] + [f"{us[n]:.1f}" for n in parts] + [f"{sum(us[n] for n in parts):.1f}",
+                         cudnn("pope torch (cart.+SDPA)", shape), cudnn("SDPA d=128", shape),
+                         " / ".join(f"{x:.2f}" for x in ratios)])
     return table(["(B,H,T,d)", "forward", "dk/dv", "dq", "Cartesian pre-pass", "sum",
                   "PyTorch path's SDPA: backward, forward", "SDPA d=128: backward, forward",
-                  "graph ÷ SDPA d=128's, 1st / 2nd run"],
-                 [[shape] + [f"{us[n]:.1f}" for n in parts] + [f"{sum(us[n] for n in parts):.1f}"]
-                  + [cudnn("pope torch (cart.+SDPA)", shape), cudnn("SDPA d=128", shape)]
-                  + [" / ".join(f"{g['pope kernel', shape] / g['SDPA d=128', shape]:.2f}" for g in graph)]
-                  for (path, shape), us in rows.items() if path == "pope kernel"])
-
-
-STEPS = ("train-1024-b16", "train-1024", "train-4096", "train-16384")
+                  "graph ÷ SDPA d=128's, 1st / 2nd run"], rows)
 
 
 def t_train_step():
     rows = []
-    for name in STEPS:
-        by = {r["path"]: r for r in bench(f"kernel/{name}.json")}
+    for name in ("train-1024-b16", "train-1024", "train-4096", "train-16384"):
+        by = bench(f"kernel/{name}.json")
         for path, r in by.items():
             rows.append([f"{r['batch']} × {r['block_size']}", path, f"{r['ms']:.2f}", f"{r['tok_s']:,.0f}",
                          f"{r['peak_alloc_gb']:.1f}", f"{r['ms'] / by['rope']['ms']:.3f}",
                          f"{r['ms'] / by['pope-torch']['ms']:.3f}" if path.startswith("pope") else ""])
-    return table(["batch × context", "path", "ms/step", "tokens/s", "peak GB", "÷ RoPE", "÷ PyTorch path"], rows)
+    return table(["batch × context", "path", "ms/step", "tokens/s", "peak GB", "÷ RoPE", "÷ PyTorch path"],
+                 rows)
 
 
 def t_step_targets():
-    """Issue 44's targets for the 124M step at 32k tokens: the kernel against the PyTorch path and RoPE, memory."""
+    """The kernel's targets for the 124M step at 32k tokens: against the PyTorch path and RoPE, and memory."""
     rows = []
     for T, bound in ((1024, 1.10), (4096, 1.20), (16384, 1.35)):
-        by = {r["path"]: r for r in bench(f"kernel/train-{T}.json")}
+        by = bench(f"kernel/train-{T}.json")
         kern, torch_, rope, auto = (by[p] for p in ("pope-kernel", "pope-torch", "rope", "pope-auto"))
+        mem = "peak_alloc_gb"
         for what, x, ref, lim in (("kernel ≤ 0.95× PyTorch path", kern["ms"], torch_["ms"], 0.95),
                                   (f"kernel ≤ {bound:.2f}× RoPE", kern["ms"], rope["ms"], bound),
                                   (f"auto ≤ {bound:.2f}× RoPE", auto["ms"], rope["ms"], bound),
-                                  ("kernel's peak memory ≤ RoPE's", kern["peak_alloc_gb"], rope["peak_alloc_gb"], 1),
-                                  ("auto's peak memory ≤ RoPE's", auto["peak_alloc_gb"], rope["peak_alloc_gb"], 1)):
-            rows.append([what, f"{by['rope']['batch']} × {T}", f"{x:.2f} vs {ref:.2f}", f"{x / ref:.3f}",
+                                  ("kernel's peak memory ≤ RoPE's", kern[mem], rope[mem], 1),
+                                  ("auto's peak memory ≤ RoPE's", auto[mem], rope[mem], 1)):
+            rows.append([what, f"{rope['batch']} × {T}", f"{x:.2f} vs {ref:.2f}", f"{x / ref:.3f}",
                          "yes" if x / ref <= lim else "no"])
     return table(["target", "batch × context", "measured", "ratio", "met"], rows)
 
@@ -709,7 +713,8 @@ def t_train_small():
 
 
 def t_decode():
-    by = {(r["model"], r["context"], r["batch"], r["mode"]): r["tok_s"] for r in bench("sample/bench-sample.json")}
+    rows = json.load(open(os.path.join(R, "sample/bench-sample.json")))["rows"]
+    by = {(r["model"], r["context"], r["batch"], r["mode"]): r["tok_s"] for r in rows}
     return table(["model", "context", "batch", "eager", "graph (sample.py's default on CUDA)"],
                  [[pe, str(c), str(b)] + [f"{by[pe, c, b, m]:,.0f}" for m in ("eager", "graph")]
                   for c in (1024, 8192) for b in (1, 8) for pe in ("pope", "rope")])

@@ -1,6 +1,5 @@
 """The results/ scripts on made-up inputs: summarize.py's take-offs, means and extrapolation tables,
 delta_stats.py's phases, its step targets, the drivers' refusals, configs and provenance file."""
-import importlib.util
 import json
 import math
 import os
@@ -12,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_results_tables import S  # results/summarize.py, loaded once
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -140,9 +140,6 @@ def test_delta_stats_against_a_float64_reference(tmp_path):
 
 def test_step_targets_ratios_and_verdicts(tmp_path, monkeypatch):
     """Each ratio is the measured ms (or GB) over the reference's; a target is met only at or under its bound."""
-    spec = importlib.util.spec_from_file_location("summarize", REPO / "results" / "summarize.py")
-    S = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(S)
     (tmp_path / "kernel").mkdir()
     for T, ms in ((1024, (40, 38, 41, 40)), (4096, (100, 95, 96, 80)), (16384, (120, 130, 110, 100))):
         rows = [{"path": p, "batch": 32768 // T, "ms": m, "peak_alloc_gb": 20 + i}
