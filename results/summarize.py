@@ -684,23 +684,6 @@ def t_train_step():
                  rows)
 
 
-def t_step_targets():
-    """The kernel's targets for the 124M step at 32k tokens: against the PyTorch path and RoPE, and memory."""
-    rows = []
-    for T, bound in ((1024, 1.10), (4096, 1.20), (16384, 1.35)):
-        by = bench(f"kernel/train-{T}.json")
-        kern, torch_, rope, auto = (by[p] for p in ("pope-kernel", "pope-torch", "rope", "pope-auto"))
-        mem = "peak_alloc_gb"
-        for what, x, ref, lim in (("kernel ≤ 0.95× PyTorch path", kern["ms"], torch_["ms"], 0.95),
-                                  (f"kernel ≤ {bound:.2f}× RoPE", kern["ms"], rope["ms"], bound),
-                                  (f"auto ≤ {bound:.2f}× RoPE", auto["ms"], rope["ms"], bound),
-                                  ("kernel's peak memory ≤ RoPE's", kern[mem], rope[mem], 1),
-                                  ("auto's peak memory ≤ RoPE's", auto[mem], rope[mem], 1)):
-            rows.append([what, f"{rope['batch']} × {T}", f"{x:.2f} vs {ref:.2f}", f"{x / ref:.3f}",
-                         "yes" if x / ref <= lim else "no"])
-    return table(["target", "batch × context", "measured", "ratio", "met"], rows)
-
-
 def t_train_small():
     """train.py's logged step times of the indirect-indexing model, 400 steps: median from step 100 on, last."""
     rows = []
@@ -730,7 +713,7 @@ def t_memory():
 
 TABLES = {f.__name__[2:]: f for f in (
     t_ii_floor, t_ii_paired, t_ii_variants, t_ii_takeoff, t_ii_takeoff_sign, t_ii_repeats, t_ii_shift_curve,
-    t_tasks, t_tasks_paired, t_lm_rise, t_lm_seeds, t_lm_paired, t_kernel, t_kernel_profile, t_step_targets,
+    t_tasks, t_tasks_paired, t_lm_rise, t_lm_seeds, t_lm_paired, t_kernel, t_kernel_profile,
     t_train_step, t_train_small, t_decode, t_memory, t_delta_toy, t_delta_lm, t_freq_ii, t_freq_lm)}
 TABLES.update(ii_target=lambda: t_ii("target", ["94.82 ± 2.91%", "11.16 ± 2.45%", ""]),
               ii_all=lambda: t_ii("all"),
