@@ -388,7 +388,7 @@ def pair_cells(a, b, nd, unit=""):
 PAIRED = ["n", "mean PoPE − RoPE", "95% interval", "paired t p", "PoPE higher / lower / tie (sign p)"]
 
 # indirect indexing: folder -> seeds run; the variants' names
-II_SEEDS = {"target": range(1337, 1343), "all": range(1337, 1340), "all-question_first": (1337, 1338),
+II_SEEDS = {"target": range(1337, 1345), "all": range(1337, 1340), "all-question_first": (1337, 1338),
             "all-shift_token": (1337, 1338), "all-wd0clip0": (1337, 1338)}
 VARIANTS = {"all-question_first": "the question (letter, shift) before the string",
             "all-shift_token": "the shift as one of 31 tokens, not sign and digits",
@@ -621,7 +621,9 @@ FREQ_HEAD = ["model", "top-quarter share (0.25 = even), mean over layers", "rang
 
 
 def t_freq_ii():
-    runs = [("all-question_first", "seed1337_1338-pope_rope", "question first"),
+    runs = [("target", "seed1341_1342-pope_rope", "paper's task"),
+            ("target", "seed1343_1344-pope_rope", "paper's task"),
+            ("all-question_first", "seed1337_1338-pope_rope", "question first"),
             ("all-shift_token", "seed1337-pope_rope", "shift as one token"),
             ("all-shift_token", "seed1338-pope_rope", "shift as one token"),
             ("all-wd0clip0", "seed1337-pope_rope", "weight decay 0, no clip"),
