@@ -584,7 +584,7 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: torch.Tens
 
 @_fwd_op.register_fake
 def _(q, k, v, delta, theta, causal, sm_scale, q_offset, tune):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+    return _bthd(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("pope_kernel::bwd", mutates_args=())
@@ -596,7 +596,7 @@ def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 @_bwd_op.register_fake
 def _(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), delta.new_empty(delta.shape)
+    return _bthd(q), _bthd(k), _bthd(v), delta.new_empty(delta.shape)
 
 
 def _setup_context(ctx, inputs, output):
@@ -678,6 +678,10 @@ def _empty(shape, like, dtype=None):  # (the CPU tests fill it with NaN: every e
     return torch.empty(shape, device=like.device, dtype=dtype or like.dtype)
 
 
+def _bthd(x):  # empty, shaped as the (B, H, T, D) x but laid out (B, T, H, D) as SDPA's outputs are: the
+    return _empty(x.transpose(1, 2).shape, x).transpose(1, 2)  # model's y.transpose(1, 2) is then contiguous
+
+
 def _on_device(x):  # Triton launches on the current CUDA device, whatever the tensors' device
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
@@ -702,7 +706,7 @@ def _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, tune):
     # tuning every new (Tq, Tk) bucket would cost seconds per new length
     blocks = _DECODE_FWD if Tq <= 16 else None if _AUTOTUNE and tune else _BLOCKS["fwd"][max(D, 64)][0]
     with _on_device(q):
-        out, lse = _empty((B, H, Tq, D), q), _empty((B, H, Tq), q, torch.float32)
+        out, lse = _bthd(q), _empty((B, H, Tq), q, torch.float32)
         kc = _cartesian(k, theta, delta, 0)
         args = (q, kc, v, out, lse, theta, *q.stride(), *v.stride(), *out.stride(), sm_scale * _LOG2E, H, Tq,
                 Tk, q_offset, triton.next_power_of_2(Tq), triton.next_power_of_2(Tk))
@@ -723,7 +727,7 @@ def _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
         # The 2D-long queries come from a pre-pass (with rowsum(dO*O)) and live through the dk/dv kernel; the
         # 2D-long keys are written by the dk/dv kernel, which makes each key block Cartesian anyway, and live
         # through the dq kernel: no key pre-pass, at the price of both copies alive at once.
-        dk, dv = _empty(k.shape, k), _empty(v.shape, v)
+        dk, dv = _bthd(k), _bthd(v)
         # ddelta partials: a launch writes the first cdiv(Tk, BLOCK_N) rows, blocks outermost: one
         # contiguous (blocks * B, H * D) matrix, summed over its rows
         ddp = _empty((triton.cdiv(Tk, 16), B * H, D), q, torch.float32)  # (16: the smallest BLOCK_N)
@@ -733,7 +737,7 @@ def _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
                           (k, v, qc, do, lse, di, dk, dv, ddp, kc, theta, delta, *k.stride(), *v.stride(),
                            *do.stride(), *dk.stride(), *dv.stride(), *consts), kwargs)
         del qc  # (freed before dq is allocated)
-        dq = _empty(q.shape, q)
+        dq = _bthd(q)
         _launch(_pope_bwd_dq, _pope_bwd_dq_tuned, fixed("dq"), _grid(B * H, Tq, "BLOCK_M"),
                 (q, kc, v, do, lse, di, dq, theta, *q.stride(), *v.stride(), *do.stride(), *dq.stride(),
                  *consts), kwargs)
@@ -894,7 +898,3 @@ def decode_launch(k_cache, block_n=None):
     B, H, N, Dk = k_cache.shape
     block_n = block_n or max(16, _DECODE_TILE // Dk)
     return dict(splits=min(triton.cdiv(N, block_n), triton.cdiv(_DECODE_PROGRAMS, B * H)), block_n=block_n)
-
-
-if __name__ == "__main__":  # (a module: run, it only says what it is)
-    print(__doc__.strip() + "\n\n(pope_kernel.py is a module: model.py imports it; bench.py measures it)")

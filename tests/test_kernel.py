@@ -26,7 +26,7 @@ interpreted = pytest.mark.skipif(not (INTERPRETED and pk._INTERPRET),
                                  reason="runs in the TRITON_INTERPRET=1 subprocess of test_interpreter_suite")
 if INTERPRETED:  # every buffer the kernels must fill starts as NaN
     _real_empty = pk._empty
-    pk._empty = lambda shape, like, dtype=None: _real_empty(shape, like, dtype).fill_(float("nan"))
+    pk._empty = lambda *a, **kw: _real_empty(*a, **kw).fill_(float("nan"))
 
 # ||out - ref|| / ||ref|| bounds: (output, dq/dk/dv, ddelta). ddelta sums terms of both signs over batch and
 # positions, so its relative error is the largest (bf16: up to ~1e-2, as PyTorch's own bf16 path).
@@ -197,6 +197,19 @@ def test_compiles_into_one_graph_with_the_eager_numbers():
 
     for name, a, b in zip(NAMES, run(torch.compile(f, fullgraph=True, backend="aot_eager")), run(f)):
         assert torch.equal(a, b), f"seed=0: {name} differs compiled"
+
+
+@interpreted
+def test_the_ops_fakes_match_the_kernels():
+    """torch.library.opcheck of both ops: schema, autograd, and the fakes' shapes and strides against the
+    kernels' (under torch.compile a fake with other strides would have the outputs read wrongly)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 2, 20, 32, generator=g) for _ in range(4))
+    delta, theta = -7 * torch.rand(2, 32, generator=g), pope_frequencies(32)
+    torch.library.opcheck(pk._fwd_op, (q.requires_grad_(), k, v, delta, theta, True, 0.17, 0, False))
+    out, lse = pk._fwd_op(q.detach(), k, v, delta, theta, True, 0.17, 0, False)
+    assert out.transpose(1, 2).is_contiguous()  # laid out (B, T, H, D): the model's transpose copies nothing
+    torch.library.opcheck(pk._bwd_op, (do, q.detach(), k, v, delta, theta, out, lse, True, 0.17, 0))
 
 
 @interpreted
