@@ -15,11 +15,16 @@
 #          results/kernel/bench-kernel{,-rerun}.{txt,json} (a second run right after: the 16k graph replay
 #          varies between runs), results/kernel/train-{1024,4096,16384}.{txt,json} and train-1024-b16.*
 #          (16 x 1024, the batch of earlier measurements), results/sample/bench-sample.{txt,json}
+# Settings: PART=tests or PART=bench runs one half: the tests may run beside another job, the timings
+#           want the GPU to themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-OUT=results/gpu_tests; source results/setup.sh
-python -m pytest -q -rs tests/ 2>&1 | tee $OUT/pytest.log
+PART=${PART:-tests bench}
+OUT=results/gpu_tests; [[ $PART == *tests* ]] || ENV_TXT=/dev/null  # (env.txt: the tests' provenance)
+source results/setup.sh
+[[ $PART != *tests* ]] || python -m pytest -q -rs tests/ 2>&1 | tee $OUT/pytest.log
+[[ $PART == *bench* ]] || exit 0
 mkdir -p results/kernel results/sample
 for run in "" -rerun; do
   python bench.py kernel --json results/kernel/bench-kernel$run.json 2>&1 \
