@@ -181,7 +181,8 @@ def test_the_kernel_takes_the_models_frequencies(monkeypatch):
 @interpreted
 def test_compiles_into_one_graph_with_the_eager_numbers():
     """Under torch.compile (fullgraph=True raises on a graph break) the kernel is one custom op; aot_eager
-    traces forward and backward through its fake and autograd formula: bitwise the eager numbers."""
+    traces forward and backward through its fake and autograd formula: bitwise the eager numbers. The fakes
+    give the kernels' strides (Inductor would read the outputs with a fake's)."""
     g = torch.Generator().manual_seed(0)
     inputs = [torch.randn(1, 2, 20, 32, generator=g) for _ in range(3)]
     inputs.append(-7 * torch.rand(2, 32, generator=g))
@@ -197,19 +198,26 @@ def test_compiles_into_one_graph_with_the_eager_numbers():
 
     for name, a, b in zip(NAMES, run(torch.compile(f, fullgraph=True, backend="aot_eager")), run(f)):
         assert torch.equal(a, b), f"seed=0: {name} differs compiled"
+    # torch.library.opcheck: schema, autograd, the fakes' shapes and strides against the kernels'
+    theta, (q, k, v, d), do = pope_frequencies(32), inputs, torch.randn(1, 2, 20, 32, generator=g)
+    torch.library.opcheck(pk._fwd_op, (q.requires_grad_(), k, v, d, theta, True, 0.17, 0, False))
+    out, lse = pk._fwd_op(q.detach(), k, v, d, theta, True, 0.17, 0, False)
+    assert out.transpose(1, 2).is_contiguous()  # laid out (B, T, H, D): the model's transpose copies nothing
+    torch.library.opcheck(pk._bwd_op, (do, q.detach(), k, v, d, theta, out, lse, True, 0.17, 0))
 
 
 @interpreted
-def test_the_ops_fakes_match_the_kernels():
-    """torch.library.opcheck of both ops: schema, autograd, and the fakes' shapes and strides against the
-    kernels' (under torch.compile a fake with other strides would have the outputs read wrongly)."""
-    g = torch.Generator().manual_seed(0)
-    q, k, v, do = (torch.randn(1, 2, 20, 32, generator=g) for _ in range(4))
-    delta, theta = -7 * torch.rand(2, 32, generator=g), pope_frequencies(32)
-    torch.library.opcheck(pk._fwd_op, (q.requires_grad_(), k, v, delta, theta, True, 0.17, 0, False))
-    out, lse = pk._fwd_op(q.detach(), k, v, delta, theta, True, 0.17, 0, False)
-    assert out.transpose(1, 2).is_contiguous()  # laid out (B, T, H, D): the model's transpose copies nothing
-    torch.library.opcheck(pk._bwd_op, (do, q.detach(), k, v, delta, theta, out, lse, True, 0.17, 0))
+@pytest.mark.parametrize("i", range(6))
+def test_each_gpu_config_at_a_partial_tile(monkeypatch, i):
+    """The i-th GPU config of each kernel's list at D=64 (the interpreter runs the GPU's tiles) at T=49, the
+    shift-as-one-token rows of indirect indexing: one partial tile of 32 to 128 rows, against float64."""
+    monkeypatch.setattr(pk, "_INTERPRET", False)  # (host side only: the kernels stay interpreted)
+    monkeypatch.setattr(pk, "_AUTOTUNE", False)
+    monkeypatch.setattr(pk, "kernel_unsupported_reason", lambda *a: None)  # (it refuses the CPU now)
+    for configs in pk._BLOCKS.values():
+        monkeypatch.setitem(configs, 64, [configs[64][i % len(configs[64])]])
+    got, ref = run_both(1, 2, 49, 49, 64, torch.bfloat16, 30 + i)
+    check(got, ref, torch.bfloat16, f"seed={30 + i}: GPU configs {[c[64] for c in pk._BLOCKS.values()]}")
 
 
 @interpreted
