@@ -101,7 +101,7 @@ def gpu_kernels(step, leaves, n=10):
 
 
 def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
-    try:  # the one published PoPE kernel, a baseline where installed (requirements-optional.txt)
+    try:  # the one published PoPE kernel, a baseline where installed
         from PoPE_pytorch import flash_attn_with_pope
     except ImportError:
         flash_attn_with_pope = None
