@@ -206,14 +206,19 @@ def test_compiles_into_one_graph_with_the_eager_numbers():
     torch.library.opcheck(pk._bwd_op, (do, q.detach(), k, v, d, theta, out, lse, True, 0.17, 0))
 
 
+def gpu_host_path(monkeypatch, autotune):
+    """The GPU's launch path (its configs; the autotuner where autotune), the kernels still interpreted."""
+    monkeypatch.setattr(pk, "_INTERPRET", False)  # (host side only)
+    monkeypatch.setattr(pk, "_AUTOTUNE", autotune)
+    monkeypatch.setattr(pk, "kernel_unsupported_reason", lambda *a: None)  # (it refuses the CPU now)
+
+
 @interpreted
 @pytest.mark.parametrize("i", range(6))
 def test_each_gpu_config_at_a_partial_tile(monkeypatch, i):
     """The i-th GPU config of each kernel's list at D=64 (the interpreter runs the GPU's tiles) at T=49, the
     shift-as-one-token rows of indirect indexing: one partial tile of 32 to 128 rows, against float64."""
-    monkeypatch.setattr(pk, "_INTERPRET", False)  # (host side only: the kernels stay interpreted)
-    monkeypatch.setattr(pk, "_AUTOTUNE", False)
-    monkeypatch.setattr(pk, "kernel_unsupported_reason", lambda *a: None)  # (it refuses the CPU now)
+    gpu_host_path(monkeypatch, autotune=False)
     for configs in pk._BLOCKS.values():
         monkeypatch.setitem(configs, 64, [configs[64][i % len(configs[64])]])
     got, ref = run_both(1, 2, 49, 49, 64, torch.bfloat16, 30 + i)
@@ -228,9 +233,7 @@ def test_the_autotuners_pick_runs(monkeypatch):
     float64, and the second call at the same shape is not tuned again."""
     from triton.runtime.interpreter import InterpretedFunction
     tuned = (pk._pope_fwd_tuned, pk._pope_bwd_dkdv_tuned, pk._pope_bwd_dq_tuned)
-    monkeypatch.setattr(pk, "_INTERPRET", False)  # (host side only: the kernels stay interpreted)
-    monkeypatch.setattr(pk, "_AUTOTUNE", True)
-    monkeypatch.setattr(pk, "kernel_unsupported_reason", lambda *a: None)  # (it refuses the CPU now)
+    gpu_host_path(monkeypatch, autotune=True)
     monkeypatch.setitem(pk._BLOCKS["dq"], 64, pk._BLOCKS["dq"][128])  # (one config is not tuned)
     tunings, ran = [], []
     for t in tuned:
