@@ -502,9 +502,10 @@ def t_ii_floor():
 def t_ii_shift_curve():
     """Val accuracy along the shift-as-one-token runs, the plateau's val loss, a model ignoring the shift."""
     steps = (50000, 60000, 70000, 80000, 90000, 94000, 100000)
-    rows = [[f"{pe}, seed {s}", f"{first_float(f'{II}/all-shift_token/seed{s}-{pe}.log', PLATEAU):.3f}"]
-            + [f"{evals(f'all-shift_token/seed{s}-{pe}')[i]:.1f}" for i in steps]
-            for pe in ("pope", "rope") for s in (1337, 1338)]
+    runs = [(f"{pe}, seed {s}", f"all-shift_token/seed{s}-{pe}") for pe in ("pope", "rope") for s in (1337, 1338)]
+    runs.insert(1, ("pope, seed 1337, PyTorch path (`--attn_impl=torch`)", "all-shift_token-torch/seed1337-pope"))
+    rows = [[name, f"{first_float(f'{II}/{run}.log', PLATEAU):.3f}"] + [f"{evals(run)[i]:.1f}" for i in steps]
+            for name, run in runs]
     m = ii_prepare()
     Ls = range(m.MIN_LEN, m.MAX_LEN + 1)  # a model that knows the string but not the shift: uniform over it
     rows.append(["uniform over the string's letters (ignores the shift)",
@@ -625,6 +626,7 @@ def t_freq_ii():
             ("target", "seed1343_1344-pope_rope", "paper's task"),
             ("all-question_first", "seed1337_1338-pope_rope", "question first"),
             ("all-shift_token", "seed1337-pope_rope", "shift as one token"),
+            ("all-shift_token-torch", "seed1337-pope", "shift as one token, PyTorch path"),
             ("all-shift_token", "seed1338-pope_rope", "shift as one token"),
             ("all-wd0clip0", "seed1337-pope_rope", "weight decay 0, no clip"),
             ("all-wd0clip0", "seed1338-pope_rope", "weight decay 0, no clip"),
