@@ -118,8 +118,8 @@ def use_pope_kernel(attn_impl, q, k, v, delta, *, compiled=None, decoding=False)
         raise RuntimeError(f"attn_impl='triton' needs pope_kernel.py, but {KERNEL_MISSING}")
     if attn_impl == "auto" and not q.is_cuda:
         return False, f"attn_impl='auto' on {q.device.type}; the kernels run on CUDA"
-    # Until the kernel wins there (issue 44): H200, 124M, bf16, 32k tokens a step, ms/step PyTorch vs kernel
-    # under torch.compile: 1k 78.36 vs 77.83, 4k 99.96 vs 102.01, 16k 188.13 vs 200.26 (results/kernel/).
+    # Until the kernel wins there: H200, 124M, bf16, 32k tokens a step, ms/step PyTorch vs kernel under
+    # torch.compile: 1k 78.36 vs 77.83, 4k 99.95 vs 101.81, 16k 188.39 vs 200.75 (results/kernel/train-*).
     compiled = torch.compiler.is_compiling() if compiled is None else compiled
     if attn_impl == "auto" and compiled and not decoding and q.size(2) > 1024:
         return False, "attn_impl='auto', torch.compile, over 1024 tokens: there the PyTorch path is faster"

@@ -12,9 +12,8 @@
 # Needs:   1 CUDA GPU (CUDA_VISIBLE_DEVICES picks it; default the first).
 # Time:    H200: a few minutes a job, most of it autotuning and compilation.
 # Outputs: results/gpu_tests/pytest.log and env.txt (its provenance: results/setup.sh),
-#          results/kernel/bench-kernel{,-rerun}.{txt,json} (a second run right after: the 16k graph replay
-#          varies between runs), results/kernel/train-{1024,4096,16384}.{txt,json} and train-1024-b16.*
-#          (16 x 1024, the batch of earlier measurements), results/sample/bench-sample.{txt,json}
+#          results/kernel/bench-kernel.{txt,json}, results/kernel/train-{1024,4096,16384}.{txt,json} and
+#          train-1024-b16.* (16 x 1024, the batch of earlier measurements), results/sample/bench-sample.*
 # Settings: PART=tests or PART=bench runs one half: the tests may run beside another job, the timings
 #           want the GPU to themselves.
 set -euo pipefail
@@ -26,10 +25,7 @@ source results/setup.sh
 [[ $PART != *tests* ]] || python -m pytest -q -rs tests/ 2>&1 | tee $OUT/pytest.log
 [[ $PART == *bench* ]] || exit 0
 mkdir -p results/kernel results/sample
-for run in "" -rerun; do
-  python bench.py kernel --json results/kernel/bench-kernel$run.json 2>&1 \
-    | tee results/kernel/bench-kernel$run.txt
-done
+python bench.py kernel --json results/kernel/bench-kernel.json 2>&1 | tee results/kernel/bench-kernel.txt
 for T in 1024 4096 16384; do
   python bench.py train --block_size $T --paths rope,pope-kernel,pope-torch,pope-auto --profile \
     --json results/kernel/train-$T.json 2>&1 | tee results/kernel/train-$T.txt

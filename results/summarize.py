@@ -645,35 +645,45 @@ def bench(name):  # a bench.py --json file's rows by key: (path, shape) for kern
 
 
 def t_kernel():
-    """bench.py kernel, two runs in a row on one machine: the second's graph time beside the first's."""
-    first, second = bench("kernel/bench-kernel.json"), bench("kernel/bench-kernel-rerun.json")
-    return table(["path", "(B,H,T,d)", "fwd ms", "fwd+bwd eager", "fwd+bwd graph", "graph, 2nd run",
-                  "graph TFLOP/s", "peak MB"],
+    return table(["path", "(B,H,T,d)", "fwd ms", "fwd+bwd eager", "fwd+bwd graph", "graph TFLOP/s", "peak MB"],
                  [[path, shape] + [f"{r[k]:.3f}" for k in ("fwd", "fwdbwd", "graph")]
-                  + [f"{second[path, shape]['graph']:.3f}", f"{r['tflops']:.1f}", f"{r['peak_mb']:.0f}"]
-                  for (path, shape), r in first.items()])
+                  + [f"{r['tflops']:.1f}", f"{r['peak_mb']:.0f}"]
+                  for (path, shape), r in bench("kernel/bench-kernel.json").items()])
 
 
 def t_kernel_profile():
     """bench.py kernel's per-kernel GPU µs: the PoPE kernel's parts, and the two cuDNN kernels of PoPE's
-    PyTorch path and of SDPA at d=128 (the larger is the backward); graph ÷ SDPA d=128's, both runs."""
-    runs = bench("kernel/bench-kernel.json"), bench("kernel/bench-kernel-rerun.json")
+    PyTorch path and of SDPA at d=128 (the larger is the backward); graph ÷ SDPA d=128's."""
+    run = bench("kernel/bench-kernel.json")
     parts = ("_pope_fwd", "_pope_bwd_dkdv", "_pope_bwd_dq", "_cartesian_kernel")
 
     def cudnn(path, shape):
-        us = [x for n, x in runs[0][path, shape]["kernels"] if n.startswith("cudnn_generated")]
+        us = [x for n, x in run[path, shape]["kernels"] if n.startswith("cudnn_generated")]
         return ", ".join(f"{x:.1f}" for x in sorted(us, reverse=True))
     rows = []
-    for (path, shape), r in runs[0].items():
+    for (path, shape), r in run.items():
         if path == "pope kernel":
             us = dict(r["kernels"])
-            ratios = [g[path, shape]["graph"] / g["SDPA d=128", shape]["graph"] for g in runs]
             rows.append([shape] + [f"{us[n]:.1f}" for n in parts] + [f"{sum(us[n] for n in parts):.1f}",
                          cudnn("pope torch (cart.+SDPA)", shape), cudnn("SDPA d=128", shape),
-                         " / ".join(f"{x:.2f}" for x in ratios)])
+                         f"{r['graph'] / run['SDPA d=128', shape]['graph']:.2f}"])
     return table(["(B,H,T,d)", "forward", "dk/dv", "dq", "Cartesian pre-pass", "sum",
                   "PyTorch path's SDPA: backward, forward", "SDPA d=128: backward, forward",
-                  "graph ÷ SDPA d=128's, 1st / 2nd run"], rows)
+                  "graph ÷ SDPA d=128's"], rows)
+
+
+def t_speed_provenance():
+    """Each §5 file's header, as bench.py and results/setup.sh wrote it."""
+    files = ["kernel/bench-kernel.json"] + [f"kernel/train-{n}.json" for n in ("1024-b16", "1024", "4096", "16384")]
+    heads = [json.load(open(os.path.join(R, f)))["header"] for f in files + ["sample/bench-sample.json"]]
+    rows = [[f"`{f}`", h["commit"][:7], str(h["dirty"]), h["date"], h["gpu"], h["torch"], h["triton"]]
+            for f, h in zip(files + ["sample/bench-sample.json"], heads)]
+    env = open(os.path.join(R, "gpu_tests/env.txt")).read()  # (results/setup.sh's lines)
+    field = lambda k: re.search(rf"^{k}:? (\S+)", env, flags=re.M)[1]  # noqa: E731
+    rows.append(["`gpu_tests/pytest.log`", field("commit")[:7], field("dirty"), field("date"),
+                 re.search(r"^gpus: \d+, ([^,]+)", env, flags=re.M)[1], field("torch"),
+                 re.search(r"triton (\S+)", env)[1]])
+    return table(["file (results/)", "commit", "dirty", "date", "GPU", "torch", "triton"], rows)
 
 
 def t_train_step():
@@ -717,7 +727,7 @@ def t_memory():
 
 TABLES = {f.__name__[2:]: f for f in (
     t_ii_floor, t_ii_paired, t_ii_variants, t_ii_takeoff, t_ii_takeoff_sign, t_ii_repeats, t_ii_shift_curve,
-    t_tasks, t_tasks_paired, t_lm_rise, t_lm_seeds, t_lm_paired, t_kernel, t_kernel_profile,
+    t_tasks, t_tasks_paired, t_lm_rise, t_lm_seeds, t_lm_paired, t_speed_provenance, t_kernel, t_kernel_profile,
     t_train_step, t_train_small, t_decode, t_memory, t_delta_toy, t_delta_lm, t_freq_ii, t_freq_lm)}
 TABLES.update(ii_target=lambda: t_ii("target", ["94.82 ± 2.91%", "11.16 ± 2.45%", ""]),
               ii_all=lambda: t_ii("all"),
