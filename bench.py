@@ -60,8 +60,11 @@ def row(fmt, **r):  # print one table row, return it for the JSON
 # kernel: attention alone
 
 def inputs(B, H, T, D, dtype, seed):
+    """(B, H, T, D) views of (B, T, H, D) memory, as model.py's q, k, v and dO are (the kernel's gradients
+    come back laid out so: contiguous leaves would add autograd's copy into their layout to each backward)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v, do = (torch.randn(B, H, T, D, device="cuda", dtype=dtype, generator=g) for _ in range(4))
+    q, k, v, do = (torch.randn(B, T, H, D, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
+                   for _ in range(4))
     delta = torch.rand(H, D, device="cuda", generator=g) * -7.0 + 0.5  # partly outside [-2pi, 0]
     return q, k, v, delta, do
 
