@@ -502,8 +502,10 @@ def t_ii_floor():
 def t_ii_shift_curve():
     """Val accuracy along the shift-as-one-token runs, the plateau's val loss, a model ignoring the shift."""
     steps = (50000, 60000, 70000, 80000, 90000, 94000, 100000)
-    runs = [(f"{pe}, seed {s}", f"all-shift_token/seed{s}-{pe}") for pe in ("pope", "rope") for s in (1337, 1338)]
-    runs.insert(1, ("pope, seed 1337, PyTorch path (`--attn_impl=torch`)", "all-shift_token-torch/seed1337-pope"))
+    runs = [(f"{pe}, seed {s}", f"all-shift_token/seed{s}-{pe}") for pe in ("pope", "rope")
+            for s in (1337, 1338)]
+    runs.insert(1, ("pope, seed 1337, PyTorch path (`--attn_impl=torch`)",
+                    "all-shift_token-torch/seed1337-pope"))  # (the kernel excluded)
     rows = [[name, f"{first_float(f'{II}/{run}.log', PLATEAU):.3f}"] + [f"{evals(run)[i]:.1f}" for i in steps]
             for name, run in runs]
     m = ii_prepare()
@@ -645,7 +647,8 @@ def bench(name):  # a bench.py --json file's rows by key: (path, shape) for kern
 
 
 def t_kernel():
-    return table(["path", "(B,H,T,d)", "fwd ms", "fwd+bwd eager", "fwd+bwd graph", "graph TFLOP/s", "peak MB"],
+    return table(["path", "(B,H,T,d)", "fwd ms", "fwd+bwd eager", "fwd+bwd graph", "graph TFLOP/s",
+                  "peak MB"],
                  [[path, shape] + [f"{r[k]:.3f}" for k in ("fwd", "fwdbwd", "graph")]
                   + [f"{r['tflops']:.1f}", f"{r['peak_mb']:.0f}"]
                   for (path, shape), r in bench("kernel/bench-kernel.json").items()])
@@ -673,16 +676,16 @@ def t_kernel_profile():
 
 
 def t_speed_provenance():
-    """Each §5 file's header, as bench.py and results/setup.sh wrote it."""
-    files = ["kernel/bench-kernel.json"] + [f"kernel/train-{n}.json" for n in ("1024-b16", "1024", "4096", "16384")]
-    heads = [json.load(open(os.path.join(R, f)))["header"] for f in files + ["sample/bench-sample.json"]]
-    rows = [[f"`{f}`", h["commit"][:7], str(h["dirty"]), h["date"], h["gpu"], h["torch"], h["triton"]]
-            for f, h in zip(files + ["sample/bench-sample.json"], heads)]
-    env = open(os.path.join(R, "gpu_tests/env.txt")).read()  # (results/setup.sh's lines)
-    field = lambda k: re.search(rf"^{k}:? (\S+)", env, flags=re.M)[1]  # noqa: E731
-    rows.append(["`gpu_tests/pytest.log`", field("commit")[:7], field("dirty"), field("date"),
-                 re.search(r"^gpus: \d+, ([^,]+)", env, flags=re.M)[1], field("torch"),
-                 re.search(r"triton (\S+)", env)[1]])
+    """Where each §5 file comes from: its header, as bench.py (results/setup.sh for the tests) wrote it."""
+    rows = []
+    trains = [f"kernel/train-{n}.json" for n in ("1024-b16", "1024", "4096", "16384")]
+    for f in ["kernel/bench-kernel.json", *trains, "sample/bench-sample.json"]:
+        h = json.load(open(os.path.join(R, f)))["header"]
+        rows.append([f"`{f}`", h["commit"][:7], str(h["dirty"]), h["date"], h["gpu"], h["torch"],
+                     h["triton"]])
+    env = r"^commit: (\w{7}).*^dirty: (.*?)$.*^date: (\S+).*^gpus: \d+, ([^,]+).*^torch (\S+) triton (\S+)"
+    env = re.search(env, open(os.path.join(R, "gpu_tests/env.txt")).read(), flags=re.M | re.S)
+    rows.append(["`gpu_tests/pytest.log`", *env.groups()])
     return table(["file (results/)", "commit", "dirty", "date", "GPU", "torch", "triton"], rows)
 
 
@@ -727,8 +730,9 @@ def t_memory():
 
 TABLES = {f.__name__[2:]: f for f in (
     t_ii_floor, t_ii_paired, t_ii_variants, t_ii_takeoff, t_ii_takeoff_sign, t_ii_repeats, t_ii_shift_curve,
-    t_tasks, t_tasks_paired, t_lm_rise, t_lm_seeds, t_lm_paired, t_speed_provenance, t_kernel, t_kernel_profile,
-    t_train_step, t_train_small, t_decode, t_memory, t_delta_toy, t_delta_lm, t_freq_ii, t_freq_lm)}
+    t_tasks, t_tasks_paired, t_lm_rise, t_lm_seeds, t_lm_paired, t_speed_provenance, t_kernel,
+    t_kernel_profile, t_train_step, t_train_small, t_decode, t_memory, t_delta_toy, t_delta_lm, t_freq_ii,
+    t_freq_lm)}
 TABLES.update(ii_target=lambda: t_ii("target", ["94.82 ± 2.91%", "11.16 ± 2.45%", ""]),
               ii_all=lambda: t_ii("all"),
               lm_ppl=lambda: extrapolation_tables(EXTRA, LM_GROUPS)[2],
