@@ -675,11 +675,13 @@ def t_kernel_profile():
                   "graph ÷ SDPA d=128's"], rows)
 
 
+STEPS = ("train-1024-b16", "train-1024", "train-4096", "train-16384")  # bench.py train's files in §5
+
+
 def t_speed_provenance():
     """Where each §5 file comes from: its header, as bench.py (results/setup.sh for the tests) wrote it."""
     rows = []
-    trains = [f"kernel/train-{n}.json" for n in ("1024-b16", "1024", "4096", "16384")]
-    for f in ["kernel/bench-kernel.json", *trains, "sample/bench-sample.json"]:
+    for f in ["kernel/bench-kernel.json", *(f"kernel/{n}.json" for n in STEPS), "sample/bench-sample.json"]:
         h = json.load(open(os.path.join(R, f)))["header"]
         rows.append([f"`{f}`", h["commit"][:7], str(h["dirty"]), h["date"], h["gpu"], h["torch"],
                      h["triton"]])
@@ -691,7 +693,7 @@ def t_speed_provenance():
 
 def t_train_step():
     rows = []
-    for name in ("train-1024-b16", "train-1024", "train-4096", "train-16384"):
+    for name in STEPS:
         by = bench(f"kernel/{name}.json")
         for path, r in by.items():
             rows.append([f"{r['batch']} × {r['block_size']}", path, f"{r['ms']:.2f}", f"{r['tok_s']:,.0f}",
