@@ -262,7 +262,7 @@ def command_line(script, parser, args, defaults=None):
 def _rebuild_hint(d, meta):
     if isinstance(meta, dict) and isinstance(meta.get("prepare"), str):
         return f"rebuild it with: {meta['prepare']}"
-    scripts = sorted(p.stem for p in Path(__file__).parent.glob("*.py") if p.stem not in ("__init__", "common"))
+    scripts = sorted({p.stem for p in Path(__file__).parent.glob("*.py")} - {"__init__", "common"})
     script = "indirect_indexing.py --quick" if d.name == "indirect_indexing_quick" else f"{d.name}.py"
     if script.split(".")[0] not in scripts:
         return "make it with one of: " + ", ".join(f"python prepare/{s}.py" for s in scripts)
