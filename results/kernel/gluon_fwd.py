@@ -406,7 +406,13 @@ def compile_only(names):
 
 
 def main(variants):
+    import datetime, os, subprocess
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    print(f"# commit: {os.environ.get('POPE_COMMIT') or git('rev-parse', 'HEAD') or 'unknown'}\n"
+          f"# dirty: {os.environ.get('POPE_DIRTY') or git('status', '--porcelain').replace(chr(10), ' ') or 'no'}\n"
+          f"# gpu: {torch.cuda.get_device_name()}\n# torch: {torch.__version__}\n# triton: {triton.__version__}\n"
+          f"# date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC\n# command: python {' '.join(sys.argv)}")
     D = 64
     sm_scale = D**-0.5
     for B, H, T in [(8, 12, 1024), (2, 12, 4096), (1, 12, 16384)]:
