@@ -39,8 +39,7 @@ data_changed_ok = False  # a resume may go on with other data than its checkpoin
 overwrite = False  # a new run (scratch or fine-tune) may replace out_dir's checkpoint
 seed = 1337
 # data: data_dir/<dataset>/ as prepare/*.py writes it (see Data)
-dataset = "openwebtext"
-data_dir = "data"
+dataset, data_dir = "openwebtext", "data"
 gradient_accumulation_steps = 4  # micro-steps per optimizer step (global, split over DDP ranks)
 batch_size = 16  # micro-batch size
 block_size = 1024
@@ -58,9 +57,8 @@ rope_scaling_orig_len = 0  # YaRN's original context (0 = block_size)
 # AdamW and its learning rate schedule
 learning_rate, min_lr = 6e-4, 6e-5  # a linear warmup to learning_rate, then a cosine decay to min_lr
 max_iters = 100000
-weight_decay = 0.01
+weight_decay, grad_clip = 0.01, 1.0  # grad_clip 0 disables
 beta1, beta2 = 0.9, 0.95
-grad_clip = 1.0  # 0 disables
 decay_lr = True  # False: learning_rate after the warmup
 warmup_iters, lr_decay_iters = 1000, 100000
 # system
@@ -144,6 +142,8 @@ class Data:
         names = [f for s in sorted(set(splits)) for f in (f"{s}.bin", f"{s}_mask.bin")]
         self.files = {f: open(f"{path}/{f}", "rb") for f in names if os.path.exists(f"{path}/{f}")}
         self.sizes = {f: os.fstat(h.fileno()).st_size for f, h in self.files.items()}  # (checkpoints keep it)
+        if short := [s for s in splits if self.sizes[f"{s}.bin"] <= self.T * self.dtype.itemsize]:
+            raise PrepareError(f"{path}/{short[0]}.bin holds fewer than block_size + 1 = {self.T + 1} tokens")
 
     def arrays(self, split, masked=True):  # a fresh memmap per batch, as nanoGPT does, avoids a memory leak
         mask = self.files.get(f"{split}_mask.bin") if masked else None

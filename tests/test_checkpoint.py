@@ -51,8 +51,7 @@ def files(tmp_path_factory):
 
 
 BAD = ["nan.pt", "code.pt", "state_dict.pt", "tensor.pt", "empty.pt", "cut.pt", "junk.pt", "folder.pt",
-       "missing.pt",
-       "flipped.pt"]
+       "missing.pt", "flipped.pt"]
 
 
 @pytest.mark.parametrize("name", BAD)

@@ -212,6 +212,7 @@ REFUSALS = {  # family: (settings, a name the one line must hold)
     "model rule": (["--n_head=5"], "n_head"),
     "cuda_graph without CUDA": (["--cuda_graph=True"], "cuda_graph"),
     "missing data, its prepare command": (["--dataset=indirect_indexing_quick"], "indirect_indexing.py"),
+    "a split shorter than block_size + 1": (["--block_size=3000"], "val.bin"),  # (toy's val: 3,000 tokens)
     "no such checkpoint": (["--init_from=nothing.pt"], "nothing.pt"),
     "nothing to resume": (["--init_from=resume"], "ckpt.pt"),
 }
