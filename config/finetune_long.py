@@ -10,12 +10,13 @@
 #               config/pope_124m.py), saved as rope_scaling_orig_len.
 #
 # Usage:
-#   python train.py config/finetune_long.py --init_from=out-pope/ckpt.pt                  # PoPE+ft   -> out-pope-ft
-#   python train.py config/finetune_long.py --init_from=out-rope/ckpt.pt --rope_scaling=4.0 --out_dir=out-rope-yarn
-#   torchrun --standalone --nproc_per_node=8 train.py config/finetune_long.py --init_from=out-pope/ckpt.pt
+#   python train.py config/finetune_long.py --init_from=out-pope-124m/ckpt.pt   # PoPE+ft -> out-pope-ft
+#   python train.py config/finetune_long.py --init_from=out-rope-124m/ckpt.pt --rope_scaling=4.0 --out_dir=out-rope-yarn
+#   torchrun --standalone --nproc_per_node=8 train.py config/finetune_long.py --init_from=out-pope-124m/ckpt.pt
 # The data is train.py's default dataset (openwebtext) unless --dataset names another:
 # pass the source checkpoint's (e.g. --dataset=english for config/english_small.py models).
-# then: python eval_extrapolation.py --ckpt out-pope/ckpt.pt out-pope-ft/ckpt.pt out-rope-yarn/ckpt.pt --data data/openwebtext/val.bin
+# then: python eval_extrapolation.py --ckpt out-pope-124m/ckpt.pt out-pope-ft/ckpt.pt out-rope-yarn/ckpt.pt \
+#           --data data/openwebtext/val.bin
 
 init_from = "out-pope/ckpt.pt"  # placeholder: override with --init_from=path/to/ckpt.pt
 out_dir = "out-pope-ft"
