@@ -614,10 +614,17 @@ def bwd(do, q, k, v, delta, theta, out, lse, sm_scale):
     return dq, dk, dv, ddp.view(B, H, T // HALF.value, D).sum((0, 2))
 
 
+def takes(q, k, causal, q_offset):
+    """The calls these kernels serve (pope_kernel's own serve every other): CUDA, bf16, D = 64, causal, no
+    query offset, Tq = Tk, T a multiple of BLOCK."""
+    return (q.is_cuda and q.dtype == k.dtype == torch.bfloat16 and q.size(-1) == 64 and causal and q_offset == 0
+            and q.shape == k.shape and q.size(2) % BLOCK.value == 0)
+
+
 def pope_fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, tune):
     """pope_kernel._fwd's signature: the key pre-pass, then fwd."""
     import pope_kernel
-    assert causal and q_offset == 0 and k.shape == q.shape, "causal, q_offset = 0, Tq = Tk only"
+    assert takes(q, k, causal, q_offset), "see takes()"
     with pope_kernel._on_device(q):
         kc = pope_kernel._cartesian(k, theta, delta, 0)
     return fwd(q, kc, v, theta, sm_scale)
@@ -625,7 +632,7 @@ def pope_fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, tune):
 
 def pope_bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
     """pope_kernel._bwd's signature."""
-    assert causal and q_offset == 0, "causal, q_offset = 0 only"
+    assert takes(q, k, causal, q_offset), "see takes()"
     return bwd(do, q, k, v, delta, theta, out, lse, sm_scale)
 
 
@@ -734,15 +741,10 @@ def _swapped(fn):
 
 
 def main():
-    import datetime
-    import subprocess
+    import bench  # (its header: commit, dirty flag, GPU, versions, date, command)
     import model
     import pope_kernel
-    git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
-    print(f"# commit: {os.environ.get('POPE_COMMIT') or git('rev-parse', 'HEAD') or 'unknown'}\n"
-          f"# dirty: {os.environ.get('POPE_DIRTY') or git('status', '--porcelain').replace(chr(10), ' ') or 'no'}\n"
-          f"# gpu: {torch.cuda.get_device_name()}\n# torch: {torch.__version__}\n# triton: {triton.__version__}\n"
-          f"# date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC\n# command: python {' '.join(sys.argv)}")
+    bench.header()
     print("# (Python errors are caught per part; a device fault poisons the context for every later part, and a "
           "hang is not caught: run under `timeout`)")
     D = 64

@@ -17,18 +17,13 @@ import pope_kernel  # noqa: E402
 triton_fwd, triton_bwd = pope_kernel._fwd, pope_kernel._bwd
 
 
-def takes(q, k, causal, q_offset):
-    return (q.is_cuda and q.dtype == k.dtype == bench.torch.bfloat16 and q.size(-1) == 64 and causal
-            and q_offset == 0 and q.size(2) == k.size(2) and q.size(2) % 128 == 0)
-
-
 def fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, tune):  # (the custom op looks _fwd up per call)
-    f = gluon_pope.pope_fwd if takes(q, k, causal, q_offset) else triton_fwd
+    f = gluon_pope.pope_fwd if gluon_pope.takes(q, k, causal, q_offset) else triton_fwd
     return f(q, k, v, delta, theta, causal, sm_scale, q_offset, tune)
 
 
 def bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
-    f = gluon_pope.pope_bwd if takes(q, k, causal, q_offset) else triton_bwd
+    f = gluon_pope.pope_bwd if gluon_pope.takes(q, k, causal, q_offset) else triton_bwd
     return f(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset)
 
 
