@@ -27,8 +27,9 @@ backward is bitwise deterministic.
   PYTHONPATH=. python results/kernel/gluon_pope.py                 # H200: errors vs pope_kernel and float64,
                                                                     # bitwise rerun, timings vs pope_kernel
   PYTHONPATH=. python results/kernel/gluon_pope.py --compile-only  # no GPU: compile for sm_90, resources, PTX
-Gluon 3.6 notes (see gluon_fwd.py / gluon_bwd.py for more): constexprs inside a tuple held in a variable reach
-warp_specialize partitions as runtime values, so every partition's argument tuple is written out in full.
+Gluon 3.6 notes (gluon_fwd.py / gluon_bwd.py, in git at 01bbd51, have more): constexprs inside a tuple held in
+a variable reach warp_specialize partitions as runtime values, so every partition's argument tuple is written
+out in full.
 """
 import argparse
 import math
