@@ -77,8 +77,7 @@ def codec(meta):
         return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), enc.decode
     if "itos" not in meta:
         raise ValueError("meta.json needs either \"tokenizer\": \"gpt2\" or an \"itos\" list")
-    itos = meta["itos"]
-    stoi = {s: i for i, s in enumerate(itos)}
+    itos, stoi = meta["itos"], {s: i for i, s in enumerate(meta["itos"])}
 
     def encode(s):
         if any(len(t) != 1 for t in itos):
@@ -90,8 +89,7 @@ def codec(meta):
 
 
 def check_outputs(**paths):
-    """Refuse (PrepareError), before any slow work, an output (--json=path, ...) that is a folder or cannot be
-    written, and --plot without matplotlib."""
+    """Refuse early an output path that is a folder or unwritable, and --plot without matplotlib."""
     for option, path in ((o, p) for o, p in paths.items() if p):
         folder = next(f for f in Path(os.path.abspath(path)).parents if os.path.lexists(f))
         try:
@@ -296,6 +294,8 @@ def check_dataset(data_dir, splits=("train", "val"), scan=True):
     for split in splits:
         path, mpath = d / f"{split}.bin", d / f"{split}_mask.bin"
         n, rest = divmod(path.stat().st_size if path.is_file() else 0, dtype.itemsize)
+        if n == rest == 0 and tokens and split not in tokens:  # (a set made without it: no rebuild gives it)
+            raise PrepareError(f"{d}: no {split} split, only {', '.join(tokens)}; drop it from eval_splits")
         if rest or n == 0:
             fail(path, "missing or empty" if n == rest == 0 else f"not a whole number of {name} tokens")
         if n != tokens.get(split, n):

@@ -37,8 +37,7 @@ def start(argv, cwd):
 
 
 def run(argv, cwd):
-    p = start(argv, cwd)
-    out, err = p.communicate(timeout=600)
+    out, err = (p := start(argv, cwd)).communicate(timeout=600)
     assert p.returncode == 0, f"{argv} failed:\n{out}\n{err}"
 
 
@@ -213,6 +212,7 @@ REFUSALS = {  # family: (settings, a name the one line must hold)
     "cuda_graph without CUDA": (["--cuda_graph=True"], "cuda_graph"),
     "missing data, its prepare command": (["--dataset=indirect_indexing_quick"], "indirect_indexing.py"),
     "a split shorter than block_size + 1": (["--block_size=3000"], "val.bin"),  # (toy's val: 3,000 tokens)
+    "a split the dataset has none of": (["--dataset=rows", "--eval_splits=val,test"], "eval_splits"),
     "no such checkpoint": (["--init_from=nothing.pt"], "nothing.pt"),
     "nothing to resume": (["--init_from=resume"], "ckpt.pt"),
 }
