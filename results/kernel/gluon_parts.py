@@ -8,7 +8,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
-import gluon_pope  # noqa: E402
 import gluon_step  # noqa: E402
 import model  # noqa: E402
 import pope_kernel  # noqa: E402
