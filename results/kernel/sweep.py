@@ -1,0 +1,129 @@
+"""Launch configs of the three training kernels at D=64, timed in place: each kernel's GPU µs (torch.profiler,
+bench.gpu_kernels) within a bf16 causal forward+backward of pope_attention at the 124M step's attention
+shapes (32k tokens: (32,12,1k), (8,12,4k), (2,12,16k); and (16,12,1k)). A config is set for all three kernels
+at once where each compiles (each kernel's time is read on its own), else for those that do; the others run
+_BLOCKS' first config. Configs are compiled first by parallel worker processes (Triton's disk cache), then
+timed one by one. On an H200:
+    PYTHONPATH=. python results/kernel/sweep.py --json F
+then --step T:tokens,... --json F: bench.py train's pope-kernel row with _BLOCKS as it is (autotuned) and with
+each kernel's sweep winner alone (F's "winners"), in turn, twice, in one process."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+os.environ["POPE_AUTOTUNE"] = "0"  # fixed configs: _BLOCKS[kind][64][0], which this script sets
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+
+import bench  # noqa: E402
+import model  # noqa: E402
+import pope_kernel as pk  # noqa: E402
+
+KINDS = {"fwd": "_pope_fwd", "dkdv": "_pope_bwd_dkdv", "dq": "_pope_bwd_dq"}
+CONFIGS = [(bm, bn, w, s) for bm in (32, 64, 128) for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)]
+SHAPES = ((16, 12, 1024, 64), (32, 12, 1024, 64), (8, 12, 4096, 64), (2, 12, 16384, 64))
+DEFAULT = {kind: pk._BLOCKS[kind][64][0] for kind in KINDS}
+
+
+def setup(B, H, T, D):
+    q, k, v, delta, do = bench.inputs(B, H, T, D, torch.bfloat16, seed=T)
+    theta = model.pope_frequencies(D, device="cuda")
+    leaves = [x.requires_grad_(True) for x in (q, k, v, delta)]
+    return (lambda: pk.pope_attention(q, k, v, model.pope_delta(delta), theta).backward(do)), leaves
+
+
+def use(cfgs):  # {kind: config}, the rest at DEFAULT
+    for kind in KINDS:
+        pk._BLOCKS[kind][64] = [cfgs.get(kind, DEFAULT[kind])]
+
+
+def compile_worker(indices):  # one line of JSON per (config, kind) that compiles and runs
+    step, _ = setup(2, 12, 1024, 64)
+    for i in indices:
+        for kind in KINDS:
+            use({kind: CONFIGS[i]})
+            try:
+                step()
+                torch.cuda.synchronize()
+                print(json.dumps([i, kind]), flush=True)
+            except Exception as e:  # out of shared memory or registers: the config is left out
+                print(f"# {CONFIGS[i]} {kind}: {type(e).__name__}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", help="comma-separated config indices to compile (internal)")
+    ap.add_argument("--procs", type=int, default=14)
+    ap.add_argument("--json")
+    ap.add_argument("--step", help="T:tokens,... : the 124M step, _BLOCKS against the winners in --json")
+    a = ap.parse_args()
+    if a.worker is not None:
+        compile_worker([int(i) for i in a.worker.split(",")])
+        sys.exit(0)
+    info = bench.header()
+    if a.step:
+        winners = {kind: tuple(c) for kind, c in json.load(open(a.json))["winners"].items()}
+        lists = {kind: list(pk._BLOCKS[kind][64]) for kind in KINDS}
+        print(f"# A: _BLOCKS at D=64 as committed, autotuned {lists}\n# B: the sweep's winners {winners}")
+        B_ = {k: [winners[k]] for k in KINDS}
+        for spec in a.step.split(","):
+            T, tokens = (int(x) for x in spec.split(":"))
+            for rep in range(2):
+                for name, tuned, blocks in (("A", True, lists), ("B", False, B_)):
+                    pk._AUTOTUNE = tuned
+                    for kind in KINDS:
+                        pk._BLOCKS[kind][64] = list(blocks[kind])
+                    print(f"# {name} (run {rep + 1})", flush=True)
+                    bench.train(T, tokens, ["pope-kernel"])
+        sys.exit(0)
+    print(f"# configs (BLOCK_M, BLOCK_N, warps, stages): {len(CONFIGS)} a kernel; defaults {DEFAULT}")
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker",
+                               ",".join(str(i) for i in range(p, len(CONFIGS), a.procs))],
+                              stdout=subprocess.PIPE, text=True) for p in range(a.procs)]
+    ok = set()
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=420)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        ok |= {tuple(json.loads(line)) for line in out.splitlines() if line.startswith("[")}
+    print(f"# compiled and ran: {len(ok)} of {3 * len(CONFIGS)} (config, kernel) pairs", flush=True)
+    rows = []
+    for B, H, T, D in SHAPES:
+        step, leaves = setup(B, H, T, D)
+        for i, cfg in enumerate(CONFIGS):
+            kinds = [kind for kind in KINDS if (i, kind) in ok]
+            if not kinds:
+                continue
+            use({kind: cfg for kind in kinds})
+            try:
+                us = dict(bench.gpu_kernels(step, leaves, n=5))
+            except Exception as e:
+                print(f"# {cfg} at {B},{H},{T},{D}: {type(e).__name__}", flush=True)
+                continue
+            for kind in kinds:
+                rows.append(bench.row("{shape:16s} {kind:5s} {cfg:18s} {us:9.1f}", shape=f"{B},{H},{T},{D}",
+                                      kind=kind, cfg=str(cfg), us=us[KINDS[kind]]))
+        del step, leaves
+        torch.cuda.empty_cache()
+    winners = {}
+    print("# per kernel, the 8 configs of least summed slowdown over the shapes (1.000 = the best at each)")
+    for kind in KINDS:
+        best = {s: min(r["us"] for r in rows if r["kind"] == kind and r["shape"] == s) for s in
+                {r["shape"] for r in rows}}
+        score = {}
+        for r in rows:
+            if r["kind"] == kind:
+                score.setdefault(r["cfg"], {})[r["shape"]] = r["us"] / best[r["shape"]]
+        full = {c: v for c, v in score.items() if len(v) == len(best)}
+        ranked = sorted(full, key=lambda c: sum(full[c].values()))
+        winners[kind] = CONFIGS[[str(c) for c in CONFIGS].index(ranked[0])]
+        for c in ranked[:8] + [str(DEFAULT[kind])]:
+            print(f"{kind:5s} {c:18s} " + " ".join(f"{full.get(c, {}).get(s, float('nan')):.3f}"
+                                                     for s in sorted(best)), flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(header=info, rows=rows, winners=winners), f, indent=1)
