@@ -6,7 +6,8 @@ _BLOCKS' first config. Configs are compiled first by parallel worker processes (
 timed one by one. On an H200:
     PYTHONPATH=. python results/kernel/sweep.py --json F
 then --step T:tokens,... --json F: bench.py train's pope-kernel row with _BLOCKS as it is (autotuned) and with
-each kernel's sweep winner alone (F's "winners"), in turn, twice, in one process."""
+each kernel's sweep winner alone (F's "winners"), in turn, twice, in one process; --fwd: the forward kernel's
+GPU µs in forward-only calls (no gradients: eval, prefill) for the configs FWD_FIRST, at batch 1 to 16."""
 import argparse
 import json
 import os
@@ -24,6 +25,7 @@ import pope_kernel as pk  # noqa: E402
 KINDS = {"fwd": "_pope_fwd", "dkdv": "_pope_bwd_dkdv", "dq": "_pope_bwd_dq"}
 CONFIGS = [(bm, bn, w, s) for bm in (32, 64, 128) for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)]
 SHAPES = ((16, 12, 1024, 64), (32, 12, 1024, 64), (8, 12, 4096, 64), (2, 12, 16384, 64))
+FWD_FIRST = ((64, 64, 4, 2), (128, 64, 4, 3))  # the forward's first config before and after this sweep
 DEFAULT = {kind: pk._BLOCKS[kind][64][0] for kind in KINDS}
 
 
@@ -58,11 +60,25 @@ if __name__ == "__main__":
     ap.add_argument("--procs", type=int, default=14)
     ap.add_argument("--json")
     ap.add_argument("--step", help="T:tokens,... : the 124M step, _BLOCKS against the winners in --json")
+    ap.add_argument("--fwd", action="store_true", help="forward-only calls, FWD_FIRST's configs")
     a = ap.parse_args()
     if a.worker is not None:
         compile_worker([int(i) for i in a.worker.split(",")])
         sys.exit(0)
     info = bench.header()
+    if a.fwd:
+        for B, T in ((1, 1024), (8, 1024), (16, 1024), (1, 4096), (8, 4096), (1, 16384), (2, 16384)):
+            q, k, v, delta, _ = bench.inputs(B, 12, T, 64, torch.bfloat16, seed=T)
+            theta = model.pope_frequencies(64, device="cuda")
+            us = []
+            for cfg in FWD_FIRST:
+                use({"fwd": cfg})
+                with torch.no_grad():
+                    us.append(dict(bench.gpu_kernels(lambda: pk.pope_attention(q, k, v, delta, theta), []))
+                              ["_pope_fwd"])
+            print(f"{B},12,{T},64 forward-only _pope_fwd µs: " + ", ".join(
+                f"{c} {u:.1f}" for c, u in zip(FWD_FIRST, us)) + f"; ratio {us[1] / us[0]:.3f}", flush=True)
+        sys.exit(0)
     if a.step:
         winners = {kind: tuple(c) for kind, c in json.load(open(a.json))["winners"].items()}
         lists = {kind: list(pk._BLOCKS[kind][64]) for kind in KINDS}
