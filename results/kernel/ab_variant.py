@@ -1,0 +1,62 @@
+"""A/B of a variant of pope_kernel.py (a copy with a .diff of results/kernel/ applied) against pope_kernel.py,
+in one process: the variant's training kernels take the place of pope_kernel's (pope_kernel._fwd / _bwd
+swapped, as gluon_step.py does; the copy's custom ops must be renamed, `sed s/pope_kernel::/variant::/`).
+For each shape: both kernels' errors against the float32 PyTorch path (as bench.py kernel prints them), then
+each kernel's GPU µs in a bf16 causal forward+backward (torch.profiler), A then B, twice. --step T:tokens,...:
+then bench.py train's pope-kernel row, A then B, twice. On an H200:
+    PYTHONPATH=. python results/kernel/ab_variant.py COPY.py [--step 1024:32768,16384:32768]"""
+import argparse
+import importlib.util
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402
+import model  # noqa: E402
+import pope_kernel as pk  # noqa: E402
+
+SHAPES = ((16, 12, 1024, 64), (32, 12, 1024, 64), (8, 12, 4096, 64), (2, 12, 16384, 64))
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("variant")
+    ap.add_argument("--step")
+    a = ap.parse_args()
+    spec = importlib.util.spec_from_file_location("variant", a.variant)
+    var = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(var)
+    paths = {"A": (pk._fwd, pk._bwd), "B": (var._fwd, var._bwd)}
+    bench.header()
+    print(f"# A: pope_kernel.py; B: {a.variant}")
+    for B, H, T, D in SHAPES:
+        q, k, v, delta, do = bench.inputs(B, H, T, D, torch.bfloat16, seed=T)
+        theta = model.pope_frequencies(D, device="cuda")
+        xs = [x.detach().float().requires_grad_(True) for x in (q, k, v, delta)]
+        ref = model.pope_attention_torch(*xs[:3], model.pope_delta(xs[3]))
+        ref = [ref] + list(torch.autograd.grad(ref, xs, do.float()))
+        for name, (f, b) in paths.items():
+            pk._fwd, pk._bwd = f, b
+            xs = [x.detach().clone().requires_grad_(True) for x in (q, k, v, delta)]
+            got = pk.pope_attention(*xs[:3], model.pope_delta(xs[3]), theta)
+            got = [got] + list(torch.autograd.grad(got, xs, do))
+            errs = [((g.double() - r.double()).norm() / r.double().norm()).item() for g, r in zip(got, ref)]
+            print(f"{B},{H},{T},{D} {name} rel err vs fp32 out/dq/dk/dv/ddelta "
+                  + " ".join(f"{e:.2e}" for e in errs), flush=True)
+        del ref, got, xs
+        leaves = [x.requires_grad_(True) for x in (q, k, v, delta)]
+        for rep in range(2):
+            for name, (f, b) in paths.items():
+                pk._fwd, pk._bwd = f, b
+                ks = bench.gpu_kernels(lambda: pk.pope_attention(q, k, v, model.pope_delta(delta), theta)
+                                       .backward(do), leaves)
+                print(f"{B},{H},{T},{D} {name} sum {sum(us for _, us in ks):8.1f} µs: "
+                      + ", ".join(f"{n} {us:.1f}" for n, us in ks[:4]), flush=True)
+    for spec in a.step.split(",") if a.step else []:
+        T, tokens = (int(x) for x in spec.split(":"))
+        for rep in range(2):
+            for name, (f, b) in paths.items():
+                pk._fwd, pk._bwd = f, b
+                print(f"# {name} (run {rep + 1})", flush=True)
+                bench.train(T, tokens, ["pope-kernel"])
