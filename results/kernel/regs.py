@@ -45,7 +45,8 @@ def backward_launches(pk, D):  # [(kernel, args, kwargs)] of one backward on CPU
     pk._launch = lambda kernel, tuned, blocks, grid, args, kwargs: calls.append((kernel, args, dict(
         kwargs, BLOCK_M=blocks[0], BLOCK_N=blocks[1], num_warps=blocks[2], num_stages=blocks[3]))) or blocks[1]
     pk._cartesian = lambda x, theta, delta, pos0, o=None, do=None: (
-        pk._empty((*x.shape[:3], 2 * D), x), pk._empty(x.shape[:3], x, torch.float32))
+        pk._empty((*x.shape[:3], 2 * D), x) if o is None else
+        (pk._empty((*x.shape[:3], 2 * D), x), pk._empty(x.shape[:3], x, torch.float32)))
     q, k, v, do = (torch.randn(1, 256, 2, D, dtype=torch.bfloat16).transpose(1, 2) for _ in range(4))
     pk._bwd(do, q, k, v, torch.zeros(2, D), model.pope_frequencies(D), pk._bthd(q), torch.empty(1, 2, 256),
             True, D ** -0.5, 0)
