@@ -1,5 +1,5 @@
 """Registers and spilled bytes (STACK) per thread of the backward kernels compiled for sm_90, on the CPU (no GPU
-needed): dk/dv and dq in every autotuned config at D=64 and D=128, for pope_kernel.py and each copy given (a
+needed), and how many of their wgmma take the A operand from registers (the rest: shared memory): dk/dv and dq in every autotuned config at D=64 and D=128, for pope_kernel.py and each copy given (a
 .diff of results/kernel/ applied, its custom ops renamed as ab_variant.py needs). The launch's exact signature
 (types, 16-byte alignment, constexprs) comes from Triton 3.6's own JIT binder: a results tool, not library code.
     python results/kernel/regs.py [COPY.py ...]"""
@@ -69,6 +69,10 @@ if __name__ == "__main__":
                     saved, pk._BLOCKS[kind][D] = pk._BLOCKS[kind][D], [cfg]
                     fn, args, kw = next(c for c in backward_launches(pk, D) if c[0].fn.__name__ == name)
                     pk._BLOCKS[kind][D] = saved
-                    r = resources(compile_sm90(fn, args, kw))
+                    c = compile_sm90(fn, args, kw)
+                    r = resources(c)
+                    # wgmma with the A operand in registers ({...} before the B descriptor) or shared memory
+                    mma = [x for x in c.asm["ptx"].splitlines() if "wgmma.mma_async" in x]
                     print(f"{os.path.basename(path):16s} D={D:<3d} {kind:5s} {str(cfg):18s} registers {r['REG']:>3s}"
-                          f"  stack {r['STACK']:>5s} B", flush=True)
+                          f"  stack {r['STACK']:>5s} B  wgmma {len(mma)}, A from registers "
+                          f"{sum(x.count('{') >= 2 for x in mma)}", flush=True)
