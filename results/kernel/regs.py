@@ -1,7 +1,8 @@
 """Registers and spilled bytes (STACK) per thread of the backward kernels compiled for sm_90, on the CPU (no GPU
-needed), and how many of their wgmma take the A operand from registers (the rest: shared memory): dk/dv and dq in every autotuned config at D=64 and D=128, for pope_kernel.py and each copy given (a
-.diff of results/kernel/ applied, its custom ops renamed as ab_variant.py needs). The launch's exact signature
-(types, 16-byte alignment, constexprs) comes from Triton 3.6's own JIT binder: a results tool, not library code.
+needed), and how many of their wgmma take the A operand from registers (the rest: shared memory): dk/dv and dq
+in every autotuned config at D=64 and D=128, for pope_kernel.py and each copy given (a .diff of
+results/kernel/ applied, its custom ops renamed as ab_variant.py needs). The launch's exact signature (types,
+16-byte alignment, constexprs) comes from Triton 3.6's own JIT binder: a results tool, not library code.
     python results/kernel/regs.py [COPY.py ...]"""
 import datetime
 import importlib.util
@@ -54,7 +55,8 @@ def backward_launches(pk, D):  # [(kernel, args, kwargs)] of one backward on CPU
 
 
 if __name__ == "__main__":
-    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     print(f"# commit: {git('rev-parse', 'HEAD')}\n# dirty: {bool(git('status', '--porcelain', '-uno'))}\n"
           f"# triton: {triton.__version__}\n# target: sm_90, compiled on the CPU\n# date: "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}\n# command: python "
@@ -73,6 +75,6 @@ if __name__ == "__main__":
                     r = resources(c)
                     # wgmma with the A operand in registers ({...} before the B descriptor) or shared memory
                     mma = [x for x in c.asm["ptx"].splitlines() if "wgmma.mma_async" in x]
-                    print(f"{os.path.basename(path):16s} D={D:<3d} {kind:5s} {str(cfg):18s} registers {r['REG']:>3s}"
-                          f"  stack {r['STACK']:>5s} B  wgmma {len(mma)}, A from registers "
+                    print(f"{os.path.basename(path):16s} D={D:<3d} {kind:5s} {str(cfg):18s} "
+                          f"registers {r['REG']:>3s}  stack {r['STACK']:>5s} B  wgmma {len(mma)}, A from registers "
                           f"{sum(x.count('{') >= 2 for x in mma)}", flush=True)
