@@ -1,6 +1,6 @@
-"""Registers and spilled bytes (STACK) per thread of the backward kernels compiled for sm_90, on the CPU (no GPU
-needed), and how many of their wgmma take the A operand from registers (the rest: shared memory): dk/dv and dq
-in every autotuned config at D=64 and D=128, for pope_kernel.py and each copy given (a .diff of
+"""Registers and spilled bytes (STACK) per thread of the training kernels compiled for sm_90, on the CPU (no GPU
+needed), and how many of their wgmma take the A operand from registers (the rest: shared memory): forward,
+dk/dv and dq in every autotuned config at D=64 and D=128, for pope_kernel.py and each copy given (a .diff of
 results/kernel/ applied, its custom ops renamed as ab_variant.py needs). The launch's exact signature (types,
 16-byte alignment, constexprs) comes from Triton 3.6's own JIT binder: a results tool, not library code.
     python results/kernel/regs.py [COPY.py ...]"""
@@ -41,7 +41,7 @@ def resources(compiled):  # REG and STACK of the cubin, as cuobjdump reports the
     return dict(w.split(":", 1) for w in out.split() if w.split(":", 1)[0] in ("REG", "STACK"))
 
 
-def backward_launches(pk, D):  # [(kernel, args, kwargs)] of one backward on CPU tensors, nothing run
+def launches(pk, D):  # [(kernel, args, kwargs)] of one forward and backward on CPU tensors, nothing run
     calls = []
     pk._launch = lambda kernel, tuned, blocks, grid, args, kwargs: calls.append((kernel, args, dict(
         kwargs, BLOCK_M=blocks[0], BLOCK_N=blocks[1], num_warps=blocks[2], num_stages=blocks[3]))) or blocks[1]
@@ -49,8 +49,9 @@ def backward_launches(pk, D):  # [(kernel, args, kwargs)] of one backward on CPU
         pk._empty((*x.shape[:3], 2 * D), x) if o is None else
         (pk._empty((*x.shape[:3], 2 * D), x), pk._empty(x.shape[:3], x, torch.float32)))
     q, k, v, do = (torch.randn(1, 256, 2, D, dtype=torch.bfloat16).transpose(1, 2) for _ in range(4))
-    pk._bwd(do, q, k, v, torch.zeros(2, D), model.pope_frequencies(D), pk._bthd(q), torch.empty(1, 2, 256),
-            True, D ** -0.5, 0)
+    args = torch.zeros(2, D), model.pope_frequencies(D), True, D ** -0.5, 0
+    pk._fwd(q, k, v, *args, False)
+    pk._bwd(do, q, k, v, *args[:2], pk._bthd(q), torch.empty(1, 2, 256), *args[2:])
     return calls
 
 
@@ -66,10 +67,10 @@ if __name__ == "__main__":
         pk = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(pk)
         for D in (64, 128):
-            for kind, name in (("dkdv", "_pope_bwd_dkdv"), ("dq", "_pope_bwd_dq")):
+            for kind, name in (("fwd", "_pope_fwd"), ("dkdv", "_pope_bwd_dkdv"), ("dq", "_pope_bwd_dq")):
                 for cfg in list(pk._BLOCKS[kind][D]):
                     saved, pk._BLOCKS[kind][D] = pk._BLOCKS[kind][D], [cfg]
-                    fn, args, kw = next(c for c in backward_launches(pk, D) if c[0].fn.__name__ == name)
+                    fn, args, kw = next(c for c in launches(pk, D) if c[0].fn.__name__ == name)
                     pk._BLOCKS[kind][D] = saved
                     c = compile_sm90(fn, args, kw)
                     r = resources(c)
