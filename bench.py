@@ -103,6 +103,18 @@ def gpu_kernels(step, leaves, n=10):
     return sorted(events, key=lambda e: -e[1])
 
 
+def rel_errors(attention, q, k, v, delta, do):
+    """Relative errors of attention(q, k, v, delta)'s output and gradients (dq, dk, dv, ddelta) against
+    model.py's PyTorch path in float32."""
+    xs = [x.detach().float().requires_grad_(True) for x in (q, k, v, delta)]
+    ref = pope_attention_torch(*xs[:3], pope_delta(xs[3]))
+    ref = [ref] + list(torch.autograd.grad(ref, xs, do.float()))
+    xs = [x.detach().clone().requires_grad_(True) for x in (q, k, v, delta)]
+    got = attention(*xs)
+    got = [got] + list(torch.autograd.grad(got, xs, do))
+    return [((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in zip(got, ref)]
+
+
 def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
     try:  # the one published PoPE kernel, a baseline where installed
         from PoPE_pytorch import flash_attn_with_pope
@@ -128,16 +140,8 @@ def kernel(shapes=((8, 12, 1024, 64), (2, 12, 4096, 64), (1, 12, 16384, 64))):
             rot = rope_cos_sin(inv, pos)
             return F.scaled_dot_product_attention(apply_rope(q, *rot), apply_rope(k, *rot), v, is_causal=True)
 
-        xs = [x.detach().float().requires_grad_(True) for x in (q, k, v, delta)]
-        ref = pope_attention_torch(*xs[:3], pope_delta(xs[3]))
-        ref = [ref] + list(torch.autograd.grad(ref, xs, do.float()))
-        xs = [x.detach().clone().requires_grad_(True) for x in (q, k, v, delta)]
-        got = kernel_attention(*xs)
-        got = [got] + list(torch.autograd.grad(got, xs, do))
-        errs = [((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in zip(got, ref)]
         print(f"  kernel vs fp32 PyTorch path, {B},{H},{T},{D}: rel err out/dq/dk/dv/ddelta "
-              + " ".join(f"{e:.1e}" for e in errs), flush=True)
-        del ref, got, xs
+              + " ".join(f"{e:.1e}" for e in rel_errors(kernel_attention, q, k, v, delta, do)), flush=True)
         leaves = [x.requires_grad_(True) for x in (q, k, v, delta, q2, k2, v2)]
         paths = {  # name: (fn, depth of the score dot, depth of PV, dO)
             "pope kernel": (lambda: kernel_attention(q, k, v, delta), 2 * D, D, do),

@@ -33,18 +33,12 @@ if __name__ == "__main__":
     for B, H, T, D in SHAPES:
         q, k, v, delta, do = bench.inputs(B, H, T, D, torch.bfloat16, seed=T)
         theta = model.pope_frequencies(D, device="cuda")
-        xs = [x.detach().float().requires_grad_(True) for x in (q, k, v, delta)]
-        ref = model.pope_attention_torch(*xs[:3], model.pope_delta(xs[3]))
-        ref = [ref] + list(torch.autograd.grad(ref, xs, do.float()))
         for name, (f, b) in paths.items():
             pk._fwd, pk._bwd = f, b
-            xs = [x.detach().clone().requires_grad_(True) for x in (q, k, v, delta)]
-            got = pk.pope_attention(*xs[:3], model.pope_delta(xs[3]), theta)
-            got = [got] + list(torch.autograd.grad(got, xs, do))
-            errs = [((g.double() - r.double()).norm() / r.double().norm()).item() for g, r in zip(got, ref)]
+            errs = bench.rel_errors(lambda q, k, v, d: pk.pope_attention(q, k, v, model.pope_delta(d), theta),
+                                    q, k, v, delta, do)
             print(f"{B},{H},{T},{D} {name} rel err vs fp32 out/dq/dk/dv/ddelta "
                   + " ".join(f"{e:.2e}" for e in errs), flush=True)
-        del ref, got, xs
         leaves = [x.requires_grad_(True) for x in (q, k, v, delta)]
         for rep in range(2):
             for name, (f, b) in paths.items():
