@@ -15,12 +15,12 @@ import; bf16, fp16, fp32; head dim 32, 64 or 128.
 
 How it works (measurements behind each choice: results/kernel.md): a pre-pass writes the Cartesian keys
 in the input dtype (phases in float32), so the loop is a plain flash attention with a QK dot of depth 2D
-and a PV dot of depth D. What a program holds for its whole life (the query block of the forward and of
-dq, the key block of dk/dv) is made Cartesian in registers, and mapped back to dq, dk and ddelta there.
-The backward is FlashAttention-2's: a pre-pass (Cartesian queries and rowsum(dO*O)), a dk/dv kernel that
-also writes the Cartesian keys, a dq kernel. No atomics: ddelta is summed per key block, then by torch in
-a fixed order: bitwise deterministic. One torch.library custom op with an autograd formula serves eager
-calls and torch.compile; launches go through Triton's launcher, GPU configs through triton.autotune.
+and a PV dot of depth D. The forward makes its query block Cartesian in registers. The backward is
+FlashAttention-2's: pre-passes (Cartesian queries with rowsum(dO*O), Cartesian keys), a dk/dv kernel and a
+dq kernel that load them, each mapping its gradient back to dq, dk and ddelta in its epilogue. No atomics:
+ddelta is summed per key block, then by torch in a fixed order: bitwise deterministic. One torch.library
+custom op with an autograd formula serves eager calls and torch.compile; launches go through Triton's
+launcher, GPU configs through triton.autotune.
 Layout, as Triton's fused-attention tutorial: the kernels, the autograd op, launch helpers, entry points.
 """
 
@@ -278,12 +278,6 @@ def _pope_fwd(Q, KC, V, O, LSE, THETA, sqb, sqh, sqt, sqd, svb, svh, svt, svd, s
 
 
 @triton.jit
-def _join2(a, b):
-    # (R, D), (R, D) -> (R, 2D) = [a | b], the layout of a row of the Cartesian tensors
-    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (a.shape[0], 2 * a.shape[1]))
-
-
-@triton.jit
 def _halves(x):
     # (R, 2D) -> its two (R, D) halves
     return tl.split(tl.permute(tl.reshape(x, (x.shape[0], 2, x.shape[1] // 2)), (0, 2, 1)))
@@ -322,8 +316,8 @@ def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, KC, THETA, DELTA, skb, sk
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                    DOT_PREC: tl.constexpr):
     """One program: BLOCK_N key rows of one (batch, head), every query block that sees them. Writes dk, dv,
-    this block's row of ddelta partials DDP[pid_n, b * H + h, :] (summed over blocks and batch by the caller),
-    and the Cartesian keys it makes, KC (B, H, TK, 2D), for the dq kernel."""
+    and this block's row of ddelta partials DDP[pid_n, b * H + h, :] (summed over blocks and batch by the
+    caller). Its keys come Cartesian from the pre-pass, KC (B, H, TK, 2D)."""
     pid_n = tl.program_id(1)  # (the grid's order: see _grid)
     bh = tl.program_id(0).to(tl.int64)
     b = bh // H
@@ -332,21 +326,14 @@ def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, KC, THETA, DELTA, skb, sk
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     cols = offs_n < TK
-    k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :] * skd,
-                mask=cols[:, None], other=0.0)
     v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svt + offs_d[None, :] * svd,
                 mask=cols[:, None], other=0.0)
-    theta = tl.load(THETA + offs_d)
-    delta = tl.load(DELTA + h * HEAD_DIM + offs_d)
-    kc32, ks32 = _cartesian_tile(k.to(tl.float32), offs_n.to(tl.float32), theta, delta)
     # one (BLOCK_N, 2D) key tile [mu cos | mu sin] and one (BLOCK_N, 2D) dk accumulator, not a tile and an
-    # accumulator per half: the same products, in wider dots (dk/dv 1.4-3.5% faster on an H200,
-    # results/kernel.md); the halves are split again for the chain rule after the loop
-    k2 = _join2(_cast(kc32, k.dtype), _cast(ks32, k.dtype))
-    # the dq kernel's keys: what the key pre-pass (_cartesian_kernel) would write, from the same helpers
+    # accumulator per half: the same products in wider dots; loaded, not made here (no key transform in
+    # registers through the loop: results/kernel.md), and split again for the chain rule after the loop
     offs_d2 = tl.arange(0, 2 * HEAD_DIM)
-    tl.store(KC + bh * TK * 2 * HEAD_DIM + offs_n[:, None] * (2 * HEAD_DIM) + offs_d2[None, :], k2,
-             mask=cols[:, None])
+    k2 = tl.load(KC + bh * TK * 2 * HEAD_DIM + offs_n[:, None] * (2 * HEAD_DIM) + offs_d2[None, :],
+                 mask=cols[:, None], other=0.0)
     QC = QC + bh * TQ * 2 * HEAD_DIM
     DO = DO + b * sdob + h * sdoh
     LSE = LSE + bh * TQ
@@ -368,10 +355,12 @@ def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, KC, THETA, DELTA, skb, sk
     # dv first, so that its registers are free for the rest
     tl.store(DV + b * sdvb + h * sdvh + offs_n[:, None] * sdvt + offs_d[None, :] * sdvd,
              _cast(dv, DV.dtype.element_ty), mask=cols[:, None])
-    # back from the Cartesian key [mu c, mu s] to k and the phase (= delta's); pointer tiles too are rebuilt
-    # here: kept from the prologue they cost registers
+    # back from the Cartesian key [mu c, mu s] to k and the phase (= delta's); k, theta, delta are loaded
+    # here, not in the prologue: live through the loop they made it spill
     k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :] * skd,
                 mask=cols[:, None], other=0.0).to(tl.float32)
+    theta = tl.load(THETA + offs_d)
+    delta = tl.load(DELTA + h * HEAD_DIM + offs_d)
     dk, dphase = _cartesian_grad(k, offs_n.to(tl.float32), theta, delta, dkc * sm_scale, dks * sm_scale)
     tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkt + offs_d[None, :] * sdkd,
              _cast(dk, DK.dtype.element_ty), mask=cols[:, None])
@@ -414,13 +403,17 @@ def _dq_inner(dqc, dqs, qc, qs, do, lse, di, qpos, KC, V, svt, svd, lo, hi, TK, 
 
 
 @triton.jit
-def _pope_bwd_dq(Q, KC, V, DO, LSE, DI, DQ, THETA, sqb, sqh, sqt, sqd, svb, svh, svt, svd, sdob, sdoh, sdot,
-                 sdod, sdqb, sdqh, sdqt, sdqd, sm_scale, qk_scale, H, TQ, TK, q_offset, Q_BUCKET, K_BUCKET,
-                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                 DOT_PREC: tl.constexpr):
+def _pope_bwd_dq(Q, QC, KC, V, DO, LSE, DI, DQ, THETA, sqb, sqh, sqt, sqd, svb, svh, svt, svd, sdob, sdoh,
+                 sdot, sdod, sdqb, sdqh, sdqt, sdqd, sm_scale, qk_scale, H, TQ, TK, q_offset, Q_BUCKET,
+                 K_BUCKET, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
     """One program: BLOCK_M query rows of one (batch, head), every key block they see. Writes dq."""
     bh, b, h, offs_m, offs_d, rows, qpos, theta, qc, qs, hi_full, hi = _query_block(
         Q, THETA, sqb, sqh, sqt, sqd, H, TQ, TK, q_offset, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL)
+    # the pre-pass's Cartesian queries (the numbers _query_block made): loaded, they free registers
+    qrow = QC + bh * TQ * 2 * HEAD_DIM + offs_m[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
+    qc = tl.load(qrow, mask=rows[:, None], other=0.0)
+    qs = tl.load(qrow + HEAD_DIM, mask=rows[:, None], other=0.0)
     do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :] * sdod,
                  mask=rows[:, None], other=0.0)
     lse = tl.load(LSE + bh * TQ + offs_m, mask=rows, other=0.0)
@@ -724,22 +717,20 @@ def _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
     kwargs = dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32")
     fixed = lambda kind: None if _AUTOTUNE else _BLOCKS[kind][max(D, 64)][0]  # noqa: E731
     with _on_device(q):
-        # The 2D-long queries come from a pre-pass (with rowsum(dO*O)) and live through the dk/dv kernel; the
-        # 2D-long keys are written by the dk/dv kernel, which makes each key block Cartesian anyway, and live
-        # through the dq kernel: no key pre-pass, at the price of both copies alive at once.
+        # The 2D-long queries (with rowsum(dO*O)) and keys come from pre-passes and serve both kernels:
+        # loaded, not made in registers, they leave the kernels fewer registers to spill (results/kernel.md)
         dk, dv = _bthd(k), _bthd(v)
         # ddelta partials: a launch writes the first cdiv(Tk, BLOCK_N) rows, blocks outermost: one
         # contiguous (blocks * B, H * D) matrix, summed over its rows
         ddp = _empty((triton.cdiv(Tk, 16), B * H, D), q, torch.float32)  # (16: the smallest BLOCK_N)
         qc, di = _cartesian(q, theta, None, q_offset, o=out, do=do)
-        kc = _empty((B, H, Tk, 2 * D), k)
+        kc = _cartesian(k, theta, delta, 0)
         block_n = _launch(_pope_bwd_dkdv, _pope_bwd_dkdv_tuned, fixed("dkdv"), _grid(B * H, Tk, "BLOCK_N"),
                           (k, v, qc, do, lse, di, dk, dv, ddp, kc, theta, delta, *k.stride(), *v.stride(),
                            *do.stride(), *dk.stride(), *dv.stride(), *consts), kwargs)
-        del qc  # (freed before dq is allocated)
         dq = _bthd(q)
         _launch(_pope_bwd_dq, _pope_bwd_dq_tuned, fixed("dq"), _grid(B * H, Tq, "BLOCK_M"),
-                (q, kc, v, do, lse, di, dq, theta, *q.stride(), *v.stride(), *do.stride(), *dq.stride(),
+                (q, qc, kc, v, do, lse, di, dq, theta, *q.stride(), *v.stride(), *do.stride(), *dq.stride(),
                  *consts), kwargs)
     # a fixed-order reduction (no atomics): bitwise the same every run
     ddelta = ddp[:triton.cdiv(Tk, block_n)].view(-1, H * D).sum(0).view(H, D)
