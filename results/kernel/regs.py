@@ -1,8 +1,9 @@
-"""Registers and spilled bytes (STACK) per thread of the training kernels compiled for sm_90, on the CPU (no GPU
-needed), and how many of their wgmma take the A operand from registers (the rest: shared memory): forward,
-dk/dv and dq in every autotuned config at D=64 and D=128, for pope_kernel.py and each copy given (a .diff of
-results/kernel/ applied, its custom ops renamed as ab_variant.py needs). The launch's exact signature (types,
-16-byte alignment, constexprs) comes from Triton 3.6's own JIT binder: a results tool, not library code.
+"""Registers and spilled bytes (STACK) per thread, shared memory per program, of the training kernels compiled
+for sm_90 on the CPU (no GPU needed), and how many of their wgmma take the A operand from registers (the rest:
+shared memory): forward, dk/dv and dq in every autotuned config at D=64 and D=128, for pope_kernel.py and each
+copy given (a .diff of results/kernel/ applied, its custom ops renamed as ab_variant.py needs). The launch's
+exact signature (types, 16-byte alignment, constexprs) comes from Triton 3.6's own JIT binder: a results tool,
+not library code.
     python results/kernel/regs.py [COPY.py ...]"""
 import datetime
 import importlib.util
@@ -77,5 +78,6 @@ if __name__ == "__main__":
                     # wgmma with the A operand in registers ({...} before the B descriptor) or shared memory
                     mma = [x for x in c.asm["ptx"].splitlines() if "wgmma.mma_async" in x]
                     print(f"{os.path.basename(path):16s} D={D:<3d} {kind:5s} {str(cfg):18s} "
-                          f"registers {r['REG']:>3s}  stack {r['STACK']:>5s} B  wgmma {len(mma)}, A from registers "
+                          f"registers {r['REG']:>3s}  stack {r['STACK']:>5s} B  shared {c.metadata.shared:>6d} B  "
+                          f"wgmma {len(mma)}, A from registers "
                           f"{sum(x.count('{') >= 2 for x in mma)}", flush=True)
