@@ -184,13 +184,9 @@ def _cartesian_kernel(X, XC, THETA, DELTA, O, DO, DI, sxb, sxh, sxt, sxd, sob, s
 
 
 @triton.jit
-def _query_block(Q, THETA, sqb, sqh, sqt, sqd, H, TQ, TK, q_offset,
-                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+def _query_rows(H, TQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     """The prologue of the forward and the dq kernel: which BLOCK_M query rows of which (batch, head) this
-    program owns, those rows made Cartesian (queries have no delta) in registers, in Q's dtype, and the keys
-    they see. The block lives for the whole program, so it is never written out. Keys [0, hi_full) are seen in
-    full by every row of the block and run without a mask; [hi_full, hi) straddle the diagonal or the end of
-    the keys and run with one; the ones above the diagonal not at all."""
+    program owns."""
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # (the grid's order: see _grid)
     bh = tl.program_id(0).to(tl.int64)
     b = bh // H
@@ -199,19 +195,21 @@ def _query_block(Q, THETA, sqb, sqh, sqt, sqd, H, TQ, TK, q_offset,
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     rows = offs_m < TQ
-    qpos = q_offset + offs_m
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
-                mask=rows[:, None], other=0.0)
-    theta = tl.load(THETA + offs_d)
-    qc, qs = _cartesian_tile(q.to(tl.float32), qpos.to(tl.float32), theta,
-                             tl.zeros([HEAD_DIM], dtype=tl.float32))
+    return bh, b, h, m0, offs_m, offs_d, rows
+
+
+@triton.jit
+def _key_bounds(q_offset, m0, TK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """The keys the query rows [m0, m0 + BLOCK_M) see: [0, hi_full) are seen in full by every row and run
+    without a mask; [hi_full, hi) straddle the diagonal or the end of the keys and run with one; the ones
+    above the diagonal not at all."""
     if CAUSAL:
         hi_full = tl.minimum(q_offset + m0 + 1, TK) // BLOCK_N * BLOCK_N
         hi = tl.minimum(q_offset + m0 + BLOCK_M, TK)
     else:
         hi_full = TK // BLOCK_N * BLOCK_N
         hi = TK
-    return bh, b, h, offs_m, offs_d, rows, qpos, theta, _cast(qc, q.dtype), _cast(qs, q.dtype), hi_full, hi
+    return hi_full, hi
 
 
 @triton.jit
@@ -259,9 +257,17 @@ def _pope_fwd(Q, KC, V, O, LSE, THETA, sqb, sqh, sqt, sqd, svb, svh, svt, svd, s
               qk_scale, H, TQ, TK, q_offset, Q_BUCKET, K_BUCKET, HEAD_DIM: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
     """One program: BLOCK_M query rows of one (batch, head), all keys they see. Writes O and the row's
-    log2-sum-exp (for the backward). qk_scale holds sm_scale*log2(e) so that the softmax runs on exp2."""
-    bh, b, h, offs_m, offs_d, rows, qpos, theta, qc, qs, hi_full, hi = _query_block(
-        Q, THETA, sqb, sqh, sqt, sqd, H, TQ, TK, q_offset, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL)
+    log2-sum-exp (for the backward). qk_scale holds sm_scale*log2(e) so that the softmax runs on exp2.
+    The query block, made Cartesian (queries have no delta) in Q's dtype, lives for the whole program."""
+    bh, b, h, m0, offs_m, offs_d, rows = _query_rows(H, TQ, HEAD_DIM, BLOCK_M)
+    qpos = q_offset + offs_m
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
+                mask=rows[:, None], other=0.0)
+    theta = tl.load(THETA + offs_d)
+    qc, qs = _cartesian_tile(q.to(tl.float32), qpos.to(tl.float32), theta,
+                             tl.zeros([HEAD_DIM], dtype=tl.float32))
+    hi_full, hi = _key_bounds(q_offset, m0, TK, BLOCK_M, BLOCK_N, CAUSAL)
+    qc, qs = _cast(qc, q.dtype), _cast(qs, q.dtype)
     KC = KC + bh * TK * 2 * HEAD_DIM
     V = V + b * svb + h * svh
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -408,9 +414,11 @@ def _pope_bwd_dq(Q, QC, KC, V, DO, LSE, DI, DQ, THETA, sqb, sqh, sqt, sqd, svb, 
                  K_BUCKET, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
     """One program: BLOCK_M query rows of one (batch, head), every key block they see. Writes dq."""
-    bh, b, h, offs_m, offs_d, rows, qpos, theta, qc, qs, hi_full, hi = _query_block(
-        Q, THETA, sqb, sqh, sqt, sqd, H, TQ, TK, q_offset, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL)
-    # the pre-pass's Cartesian queries (the numbers _query_block made): loaded, they free registers
+    bh, b, h, m0, offs_m, offs_d, rows = _query_rows(H, TQ, HEAD_DIM, BLOCK_M)
+    qpos = q_offset + offs_m
+    theta = tl.load(THETA + offs_d)
+    hi_full, hi = _key_bounds(q_offset, m0, TK, BLOCK_M, BLOCK_N, CAUSAL)
+    # the pre-pass's Cartesian queries: loaded, not made here, they leave fewer registers to spill
     qrow = QC + bh * TQ * 2 * HEAD_DIM + offs_m[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
     qc = tl.load(qrow, mask=rows[:, None], other=0.0)
     qs = tl.load(qrow + HEAD_DIM, mask=rows[:, None], other=0.0)
