@@ -24,7 +24,8 @@ PART=${PART:-tests bench}
 OUT=results/gpu_tests; ENV_TXT=/tmp/pope-tests-env.txt; [[ $PART == *tests* ]] || ENV_TXT=/dev/null
 source results/setup.sh
 if [[ $PART == *tests* ]]; then
-  python -m pytest -q -rs tests/ 2>&1 | tee $OUT/pytest.log; mv $ENV_TXT $OUT/env.txt; fi
+  rc=0; python -m pytest -q -rs tests/ 2>&1 | tee $OUT/pytest.log || rc=$?
+  mv $ENV_TXT $OUT/env.txt; [ $rc = 0 ]; fi  # the log's provenance, a failing run's too
 [[ $PART == *bench* ]] || exit 0
 mkdir -p results/kernel results/sample
 python bench.py kernel --json results/kernel/bench-kernel.json 2>&1 | tee results/kernel/bench-kernel.txt

@@ -1,6 +1,7 @@
 """A/B of a variant of pope_kernel.py (a copy with a .diff of results/kernel/ applied) against pope_kernel.py,
 in one process: the variant's training kernels take the place of pope_kernel's (pope_kernel._fwd / _bwd
-swapped, as gluon_step.py does; the copy's custom ops must be renamed, `sed s/pope_kernel::/variant::/`).
+swapped, as gluon_step.py does; the copy's custom ops must be renamed, `sed s/pope_kernel::/variant::/`:
+a second definition of a name silently replaces the first, and A would run B's kernels).
 For each shape: both kernels' errors against the float32 PyTorch path (as bench.py kernel prints them), then
 each kernel's GPU µs in a bf16 causal forward+backward (torch.profiler), A then B, twice. --step T:tokens,...:
 then bench.py train's pope-kernel row, A then B, twice. On an H200:
@@ -24,6 +25,8 @@ if __name__ == "__main__":
     ap.add_argument("variant")
     ap.add_argument("--step")
     a = ap.parse_args()
+    if "pope_kernel::" in open(a.variant).read():
+        sys.exit(f"{a.variant} redefines pope_kernel's custom ops: sed -i s/pope_kernel::/variant::/ it")
     spec = importlib.util.spec_from_file_location("variant", a.variant)
     var = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(var)

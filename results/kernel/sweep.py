@@ -1,20 +1,21 @@
-"""Launch configs of the three training kernels at D=64, timed in place: each kernel's GPU µs (torch.profiler,
-bench.gpu_kernels) within a bf16 causal forward+backward of pope_attention at the 124M step's attention
-shapes (32k tokens: (32,12,1k), (8,12,4k), (2,12,16k); and (16,12,1k)). A config is set for all three kernels
-at once where each compiles (each kernel's time is read on its own), else for those that do; the others run
-_BLOCKS' first config. Configs are compiled first by parallel worker processes (Triton's disk cache), then
-timed one by one. On an H200:
-    PYTHONPATH=. python results/kernel/sweep.py --json F
-then --step T:tokens,... --json F: bench.py train's pope-kernel row with _BLOCKS as it is (autotuned) and with
-each kernel's sweep winner alone (F's "winners"), in turn, twice, in one process; --fwd: the forward kernel's
-GPU µs in forward-only calls (no gradients: eval, prefill) for the configs FWD_FIRST, at batch 1 to 16."""
+"""Launch configs of the three training kernels at head dim D (--head_dim, 64 or 128), timed in place: each
+kernel's GPU µs (torch.profiler, bench.gpu_kernels) within a bf16 causal forward+backward of pope_attention
+at the 124M step's attention shapes (32k tokens: (32,H,1k), (8,H,4k), (2,H,16k); and (16,H,1k); H = 768/D
+heads). A config is set for all three kernels at once where each compiles (each kernel's time is read on its
+own), else for those that do; the others run _BLOCKS' first config. Configs are compiled first by parallel
+worker processes (Triton's disk cache), then timed one by one. On an H200:
+    PYTHONPATH=. python results/kernel/sweep.py --json F [--head_dim 128]
+then --step T:tokens,... --json F (D=64, the 124M model's): bench.py train's pope-kernel row with _BLOCKS as
+it is (autotuned) and with each kernel's sweep winner alone (F's "winners"), in turn, twice, in one process;
+--fwd: the forward kernel's GPU µs in forward-only calls (no gradients: eval, prefill) for the configs
+FWD_FIRST, at batch 1 to 16."""
 import argparse
 import json
 import os
 import subprocess
 import sys
 
-os.environ["POPE_AUTOTUNE"] = "0"  # fixed configs: _BLOCKS[kind][64][0], which this script sets
+os.environ["POPE_AUTOTUNE"] = "0"  # fixed configs: _BLOCKS[kind][D][0], which this script sets
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
@@ -24,9 +25,10 @@ import pope_kernel as pk  # noqa: E402
 
 KINDS = {"fwd": "_pope_fwd", "dkdv": "_pope_bwd_dkdv", "dq": "_pope_bwd_dq"}
 CONFIGS = [(bm, bn, w, s) for bm in (32, 64, 128) for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)]
-SHAPES = ((16, 12, 1024, 64), (32, 12, 1024, 64), (8, 12, 4096, 64), (2, 12, 16384, 64))
 FWD_FIRST = ((64, 64, 4, 2), (128, 64, 4, 3))  # the forward's first config before and after this sweep
-DEFAULT = {kind: pk._BLOCKS[kind][64][0] for kind in KINDS}
+D = int(sys.argv[sys.argv.index("--head_dim") + 1]) if "--head_dim" in sys.argv else 64
+SHAPES = tuple((B, 768 // D, T, D) for B, T in ((16, 1024), (32, 1024), (8, 4096), (2, 16384)))
+DEFAULT = {kind: pk._BLOCKS[kind][D][0] for kind in KINDS}
 
 
 def setup(B, H, T, D):
@@ -38,11 +40,11 @@ def setup(B, H, T, D):
 
 def use(cfgs):  # {kind: config}, the rest at DEFAULT
     for kind in KINDS:
-        pk._BLOCKS[kind][64] = [cfgs.get(kind, DEFAULT[kind])]
+        pk._BLOCKS[kind][D] = [cfgs.get(kind, DEFAULT[kind])]
 
 
 def compile_worker(indices):  # one line of JSON per (config, kind) that compiles and runs
-    step, _ = setup(2, 12, 1024, 64)
+    step, _ = setup(2, 768 // D, 1024, D)
     for i in indices:
         for kind in KINDS:
             use({kind: CONFIGS[i]})
@@ -57,6 +59,7 @@ def compile_worker(indices):  # one line of JSON per (config, kind) that compile
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", help="comma-separated config indices to compile (internal)")
+    ap.add_argument("--head_dim", type=int, default=64, choices=(64, 128))
     ap.add_argument("--procs", type=int, default=14)
     ap.add_argument("--json")
     ap.add_argument("--step", help="T:tokens,... : the 124M step, _BLOCKS against the winners in --json")
@@ -68,21 +71,21 @@ if __name__ == "__main__":
     info = bench.header()
     if a.fwd:
         for B, T in ((1, 1024), (8, 1024), (16, 1024), (1, 4096), (8, 4096), (1, 16384), (2, 16384)):
-            q, k, v, delta, _ = bench.inputs(B, 12, T, 64, torch.bfloat16, seed=T)
-            theta = model.pope_frequencies(64, device="cuda")
+            q, k, v, delta, _ = bench.inputs(B, 768 // D, T, D, torch.bfloat16, seed=T)
+            theta = model.pope_frequencies(D, device="cuda")
             us = []
             for cfg in FWD_FIRST:
                 use({"fwd": cfg})
                 with torch.no_grad():
                     us.append(dict(bench.gpu_kernels(lambda: pk.pope_attention(q, k, v, delta, theta), []))
                               ["_pope_fwd"])
-            print(f"{B},12,{T},64 forward-only _pope_fwd µs: " + ", ".join(
+            print(f"{B},{768 // D},{T},{D} forward-only _pope_fwd µs: " + ", ".join(
                 f"{c} {u:.1f}" for c, u in zip(FWD_FIRST, us)) + f"; ratio {us[1] / us[0]:.3f}", flush=True)
         sys.exit(0)
     if a.step:
         winners = {kind: tuple(c) for kind, c in json.load(open(a.json))["winners"].items()}
-        lists = {kind: list(pk._BLOCKS[kind][64]) for kind in KINDS}
-        print(f"# A: _BLOCKS at D=64 as committed, autotuned {lists}\n# B: the sweep's winners {winners}")
+        lists = {kind: list(pk._BLOCKS[kind][D]) for kind in KINDS}
+        print(f"# A: _BLOCKS at D={D} as committed, autotuned {lists}\n# B: the sweep's winners {winners}")
         B_ = {k: [winners[k]] for k in KINDS}
         for spec in a.step.split(","):
             T, tokens = (int(x) for x in spec.split(":"))
@@ -90,12 +93,12 @@ if __name__ == "__main__":
                 for name, tuned, blocks in (("A", True, lists), ("B", False, B_)):
                     pk._AUTOTUNE = tuned
                     for kind in KINDS:
-                        pk._BLOCKS[kind][64] = list(blocks[kind])
+                        pk._BLOCKS[kind][D] = list(blocks[kind])
                     print(f"# {name} (run {rep + 1})", flush=True)
                     bench.train(T, tokens, ["pope-kernel"])
         sys.exit(0)
     print(f"# configs (BLOCK_M, BLOCK_N, warps, stages): {len(CONFIGS)} a kernel; defaults {DEFAULT}")
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker",
+    procs = [subprocess.Popen([sys.executable, __file__, "--head_dim", str(D), "--worker",
                                ",".join(str(i) for i in range(p, len(CONFIGS), a.procs))],
                               stdout=subprocess.PIPE, text=True) for p in range(a.procs)]
     ok = set()
@@ -126,7 +129,9 @@ if __name__ == "__main__":
         del step, leaves
         torch.cuda.empty_cache()
     winners = {}
-    print("# per kernel, the 8 configs of least summed slowdown over the shapes (1.000 = the best at each)")
+    shapes = [f"{B},{H},{T},{D}" for B, H, T, D in SHAPES]
+    print("# per kernel, the 8 configs of least summed slowdown over the shapes (1.000 = the best at each): "
+          + " ".join(shapes))
     for kind in KINDS:
         best = {s: min(r["us"] for r in rows if r["kind"] == kind and r["shape"] == s) for s in
                 {r["shape"] for r in rows}}
@@ -139,7 +144,7 @@ if __name__ == "__main__":
         winners[kind] = CONFIGS[[str(c) for c in CONFIGS].index(ranked[0])]
         for c in ranked[:8] + [str(DEFAULT[kind])]:
             print(f"{kind:5s} {c:18s} " + " ".join(f"{full.get(c, {}).get(s, float('nan')):.3f}"
-                                                     for s in sorted(best)), flush=True)
+                                                     for s in shapes), flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(header=info, rows=rows, winners=winners), f, indent=1)
