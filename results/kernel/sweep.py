@@ -26,9 +26,6 @@ import pope_kernel as pk  # noqa: E402
 KINDS = {"fwd": "_pope_fwd", "dkdv": "_pope_bwd_dkdv", "dq": "_pope_bwd_dq"}
 CONFIGS = [(bm, bn, w, s) for bm in (32, 64, 128) for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)]
 FWD_FIRST = ((64, 64, 4, 2), (128, 64, 4, 3))  # the forward's first config before and after this sweep
-D = int(sys.argv[sys.argv.index("--head_dim") + 1]) if "--head_dim" in sys.argv else 64
-SHAPES = tuple((B, 768 // D, T, D) for B, T in ((16, 1024), (32, 1024), (8, 4096), (2, 16384)))
-DEFAULT = {kind: pk._BLOCKS[kind][D][0] for kind in KINDS}
 
 
 def setup(B, H, T, D):
@@ -44,7 +41,7 @@ def use(cfgs):  # {kind: config}, the rest at DEFAULT
 
 
 def compile_worker(indices):  # one line of JSON per (config, kind) that compiles and runs
-    step, _ = setup(2, 768 // D, 1024, D)
+    step, _ = setup(2, H, 1024, D)
     for i in indices:
         for kind in KINDS:
             use({kind: CONFIGS[i]})
@@ -65,13 +62,18 @@ if __name__ == "__main__":
     ap.add_argument("--step", help="T:tokens,... : the 124M step, _BLOCKS against the winners in --json")
     ap.add_argument("--fwd", action="store_true", help="forward-only calls, FWD_FIRST's configs")
     a = ap.parse_args()
+    if a.step and a.head_dim != 64:
+        ap.error("--step times the 124M model, whose head dim is 64")
+    D, H = a.head_dim, 768 // a.head_dim  # the globals of use() and compile_worker(), as DEFAULT
+    SHAPES = tuple((B, H, T, D) for B, T in ((16, 1024), (32, 1024), (8, 4096), (2, 16384)))
+    DEFAULT = {kind: pk._BLOCKS[kind][D][0] for kind in KINDS}
     if a.worker is not None:
         compile_worker([int(i) for i in a.worker.split(",")])
         sys.exit(0)
     info = bench.header()
     if a.fwd:
         for B, T in ((1, 1024), (8, 1024), (16, 1024), (1, 4096), (8, 4096), (1, 16384), (2, 16384)):
-            q, k, v, delta, _ = bench.inputs(B, 768 // D, T, D, torch.bfloat16, seed=T)
+            q, k, v, delta, _ = bench.inputs(B, H, T, D, torch.bfloat16, seed=T)
             theta = model.pope_frequencies(D, device="cuda")
             us = []
             for cfg in FWD_FIRST:
@@ -79,7 +81,7 @@ if __name__ == "__main__":
                 with torch.no_grad():
                     us.append(dict(bench.gpu_kernels(lambda: pk.pope_attention(q, k, v, delta, theta), []))
                               ["_pope_fwd"])
-            print(f"{B},{768 // D},{T},{D} forward-only _pope_fwd µs: " + ", ".join(
+            print(f"{B},{H},{T},{D} forward-only _pope_fwd µs: " + ", ".join(
                 f"{c} {u:.1f}" for c, u in zip(FWD_FIRST, us)) + f"; ratio {us[1] / us[0]:.3f}", flush=True)
         sys.exit(0)
     if a.step:
