@@ -619,16 +619,16 @@ _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 # Launch helpers: configs autotuned on the GPU, small and fixed under the interpreter
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim (32 uses 64's); the first is POPE_AUTOTUNE=0's and
-# forward-only calls'. Each list: the fastest of sweeps on an H200 (results/kernel.md; at D=64 also timed in
-# place, in a forward+backward) and runners-up that stayed close at every shape. dq at D=64 runs its winner
-# alone: the autotuner, timing dq alone with a cold L2, picked one 10% slower in a forward+backward.
+# forward-only calls'. Each list: the fastest of sweeps on an H200, timed in place in a forward+backward
+# (results/kernel.md), and runners-up that stayed close at every shape. One config leads at every shape in
+# D=128's forward and in dq; at D=64 the autotuner, timing dq alone with a cold L2, picked one 10% slower.
 _BLOCKS = {
     "fwd": {64: [(128, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (64, 128, 4, 2),
                  (128, 128, 8, 3)],
-            128: [(128, 64, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2)]},
+            128: [(128, 64, 8, 3)]},
     "dkdv": {64: [(64, 64, 4, 3), (64, 64, 4, 2), (64, 128, 8, 3), (32, 64, 4, 3)],
-             128: [(64, 64, 8, 3), (64, 64, 8, 2), (32, 64, 4, 2)]},
-    "dq": {64: [(64, 64, 4, 3)], 128: [(64, 64, 4, 3), (128, 64, 8, 2), (64, 32, 4, 2), (128, 32, 8, 3)]},
+             128: [(64, 64, 8, 3), (32, 128, 8, 3)]},
+    "dq": {64: [(64, 64, 4, 3)], 128: [(128, 32, 8, 3)]},
 }
 _DECODE_FWD = (16, 64, 4, 3)  # query chunks of <= 16 rows (a few tokens against a long cache): one config
 _AUTOTUNE = not _INTERPRET and os.environ.get("POPE_AUTOTUNE", "1") != "0"

@@ -3,9 +3,10 @@ in one process: the variant's training kernels take the place of pope_kernel's (
 swapped, as gluon_step.py does; the copy's custom ops must be renamed, `sed s/pope_kernel::/variant::/`:
 a second definition of a name silently replaces the first, and A would run B's kernels).
 For each shape: both kernels' errors against the float32 PyTorch path (as bench.py kernel prints them), then
-each kernel's GPU µs in a bf16 causal forward+backward (torch.profiler), A then B, twice. --step T:tokens,...:
-then bench.py train's pope-kernel row, A then B, twice. On an H200:
-    PYTHONPATH=. python results/kernel/ab_variant.py COPY.py [--step 1024:32768,16384:32768]"""
+each kernel's GPU µs in a bf16 causal forward+backward (torch.profiler), A then B, twice, at head dim 64
+(--head_dim 128: 768 / D heads). --step T:tokens,...: then bench.py train's pope-kernel row (the 124M model,
+head dim 64), A then B, twice. On an H200:
+    PYTHONPATH=. python results/kernel/ab_variant.py COPY.py [--step T:tokens,...] [--head_dim 128]"""
 import argparse
 import importlib.util
 import os
@@ -24,6 +25,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("variant")
     ap.add_argument("--step")
+    ap.add_argument("--head_dim", type=int, default=64, choices=(64, 128))
     a = ap.parse_args()
     if "pope_kernel::" in open(a.variant).read():
         sys.exit(f"{a.variant} redefines pope_kernel's custom ops: sed -i s/pope_kernel::/variant::/ it")
@@ -33,7 +35,7 @@ if __name__ == "__main__":
     paths = {"A": (pk._fwd, pk._bwd), "B": (var._fwd, var._bwd)}
     bench.header()
     print(f"# A: pope_kernel.py; B: {a.variant}")
-    for B, H, T, D in SHAPES:
+    for B, H, T, D in ((B, 768 // a.head_dim, T, a.head_dim) for B, _, T, _ in SHAPES):
         q, k, v, delta, do = bench.inputs(B, H, T, D, torch.bfloat16, seed=T)
         theta = model.pope_frequencies(D, device="cuda")
         for name, (f, b) in paths.items():
