@@ -621,7 +621,8 @@ _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim (32 uses 64's); the first is POPE_AUTOTUNE=0's and
 # forward-only calls'. Each list: the fastest of sweeps on an H200, timed in place in a forward+backward
 # (results/kernel.md), and runners-up that stayed close at every shape. One config leads at every shape in
-# D=128's forward and in dq; at D=64 the autotuner, timing dq alone with a cold L2, picked one 10% slower.
+# D=128's forward and in dq; dq is not autotuned (at D=64 the autotuner, timing dq alone with a cold L2,
+# picked one 10% slower).
 _BLOCKS = {
     "fwd": {64: [(128, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (64, 128, 4, 2),
                  (128, 128, 8, 3)],
@@ -652,7 +653,6 @@ def _autotuned(kernel, kind, **kw):
 
 _pope_fwd_tuned = _autotuned(_pope_fwd, "fwd")
 _pope_bwd_dkdv_tuned = _autotuned(_pope_bwd_dkdv, "dkdv", reset_to_zero=["DDP"])  # (each trial sums from 0)
-_pope_bwd_dq_tuned = _autotuned(_pope_bwd_dq, "dq")
 
 
 def _launch(kernel, tuned, blocks, grid, args, kwargs):
@@ -723,7 +723,7 @@ def _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
     consts = (sm_scale, sm_scale * _LOG2E, H, Tq, Tk, q_offset, triton.next_power_of_2(Tq),
               triton.next_power_of_2(Tk))
     kwargs = dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32")
-    fixed = lambda kind: None if _AUTOTUNE else _BLOCKS[kind][max(D, 64)][0]  # noqa: E731
+    dkdv_blocks = None if _AUTOTUNE else _BLOCKS["dkdv"][max(D, 64)][0]
     with _on_device(q):
         # The 2D-long queries (with rowsum(dO*O)) and keys come from pre-passes and serve both kernels:
         # loaded, not made in registers, they leave the kernels fewer registers to spill (results/kernel.md)
@@ -733,11 +733,11 @@ def _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
         ddp = _empty((triton.cdiv(Tk, 16), B * H, D), q, torch.float32)  # (16: the smallest BLOCK_N)
         qc, di = _cartesian(q, theta, None, q_offset, o=out, do=do)
         kc = _cartesian(k, theta, delta, 0)
-        block_n = _launch(_pope_bwd_dkdv, _pope_bwd_dkdv_tuned, fixed("dkdv"), _grid(B * H, Tk, "BLOCK_N"),
+        block_n = _launch(_pope_bwd_dkdv, _pope_bwd_dkdv_tuned, dkdv_blocks, _grid(B * H, Tk, "BLOCK_N"),
                           (k, v, qc, do, lse, di, dk, dv, ddp, kc, theta, delta, *k.stride(), *v.stride(),
                            *do.stride(), *dk.stride(), *dv.stride(), *consts), kwargs)
         dq = _bthd(q)
-        _launch(_pope_bwd_dq, _pope_bwd_dq_tuned, fixed("dq"), _grid(B * H, Tq, "BLOCK_M"),
+        _launch(_pope_bwd_dq, None, _BLOCKS["dq"][max(D, 64)][0], _grid(B * H, Tq, "BLOCK_M"),
                 (q, qc, kc, v, do, lse, di, dq, theta, *q.stride(), *v.stride(), *do.stride(), *dq.stride(),
                  *consts), kwargs)
     # a fixed-order reduction (no atomics): bitwise the same every run
