@@ -1,9 +1,6 @@
 """Shared test setup: the repo root on sys.path, one CPU thread per process, the gpt2 encoding from
 TIKTOKEN_CACHE_DIR (unset: a copy of ../shared/tiktoken_cache), the real samples (shared_data),
-test_kernel.py's interpreter suite started early, and the fixtures readonly, damage and data_root."""
-import builtins
-import errno
-import io
+test_kernel.py's interpreter suite started early, and the fixtures damage and data_root."""
 import json
 import os
 import shutil
@@ -53,39 +50,6 @@ def shared_data():
     if not path.is_dir():
         (pytest.fail if env else pytest.skip)(f"shared data not found at {path} (set POPE_SHARED_DATA)")
     return path
-
-
-@pytest.fixture
-def readonly(monkeypatch):
-    """readonly(root, err=EROFS): until monkeypatch.undo() or the test's end, every call that would create,
-    change or remove something strictly under root (os.mkdir/open/rename/replace/unlink/remove/rmdir, open
-    for writing) raises OSError(err), as on a read-only file system; reads work."""
-    def apply(root, err=errno.EROFS):
-        root = Path(os.path.abspath(root))
-
-        def inside(p):
-            try:
-                return root in Path(os.path.abspath(os.fsdecode(p))).parents
-            except TypeError:  # a file descriptor
-                return False
-
-        def guard(fn, n_paths=1, writes=lambda *a, **k: True):
-            def wrapped(*args, **kwargs):
-                for p in args[:n_paths]:
-                    if inside(p) and writes(*args, **kwargs):
-                        raise OSError(err, os.strerror(err), os.fsdecode(p))
-                return fn(*args, **kwargs)
-            return wrapped
-
-        open_writes = lambda file, mode="r", *a, **k: any(c in mode for c in "wax+")  # noqa: E731
-        for name, n in (("mkdir", 1), ("rename", 2), ("replace", 2), ("unlink", 1), ("remove", 1),
-                        ("rmdir", 1)):
-            monkeypatch.setattr(os, name, guard(getattr(os, name), n))
-        monkeypatch.setattr(os, "open", guard(os.open, 1, lambda p, flags, *a, **k: bool(
-            flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))))
-        monkeypatch.setattr(builtins, "open", guard(builtins.open, 1, open_writes))
-        monkeypatch.setattr(io, "open", guard(io.open, 1, open_writes))
-    return apply
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 import contextlib
 import io
 import json
+import math
 import os
 import random
 import runpy
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from prepare import common  # (conftest.py put the repo root on sys.path)
 
@@ -26,6 +28,11 @@ def large_weights_(model, std=0.3):
         if p.dim() == 2 and not name.endswith("delta"):
             p.normal_(0.0, std)
     return model
+
+
+def read_bin(d, split, suffix=""):
+    """A prepared split's tokens (suffix "_mask": JSB's loss mask, one byte a token)."""
+    return np.fromfile(Path(d) / f"{split}{suffix}.bin", dtype=np.uint8 if suffix else np.uint16)
 
 
 def rel_err(a, b):
@@ -42,10 +49,10 @@ def run_exit(main, args):
 
 
 def script_error(main, args):
-    """The last line on stderr of main(args), 'error: ...', with exit status 2 and no traceback (asserted)."""
+    """The last line on stderr of main(args), with exit status 2 (argparse's) and no traceback (asserted)."""
     code, _, err = run_exit(main, args)
     line = err.rstrip("\n").split("\n")[-1]
-    assert code == 2 and line.startswith("error: ") and "Traceback" not in err, (code, err)
+    assert code == 2 and "Traceback" not in err, (code, err)
     return line
 
 
@@ -109,3 +116,19 @@ def write_rows(folder, row_len, seed, n=(2000, 200), prepare="made by the test")
     meta = {"vocab_size": 20, "dtype": "uint16", "itos": [chr(97 + i) for i in range(20)], "row_len": row_len,
             "prepare": prepare, "tokens": {"train": n[0] * row_len, "val": n[1] * row_len}}
     Path(folder, "meta.json").write_text(json.dumps(meta))
+
+
+NAMES = ["out", "dq", "dk", "dv", "ddelta"]
+
+
+def pope_einsum_f64(q, k, v, delta, causal=True, q_offset=0, base=10000.0):
+    """softmax_s((1/sqrt(D)) sum_c mu_q[t,c] mu_k[s,c] cos((s - t) theta_c + delta_c)) v, in float64."""
+    B, H, Tq, D = q.shape
+    theta = base ** (-torch.arange(D, dtype=torch.float64, device=q.device) / D)
+    t = (q_offset + torch.arange(Tq, dtype=torch.float64, device=q.device))[:, None, None]
+    s = torch.arange(k.size(2), dtype=torch.float64, device=q.device)[None, :, None]
+    ang = (s - t) * theta + delta[:, None, None, :]  # (H, Tq, Tk, D)
+    scores = torch.einsum("bhtc,bhsc,htsc->bhts", F.softplus(q), F.softplus(k), torch.cos(ang)) / math.sqrt(D)
+    if causal:
+        scores = scores.masked_fill(~(s[..., 0] <= t[..., 0]), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v

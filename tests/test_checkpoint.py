@@ -4,19 +4,14 @@ and every script that reads checkpoints exits non-zero naming the file. Tiny mod
 import dataclasses
 import math
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-import eval_extrapolation  # noqa: E402
-import eval_frequencies  # noqa: E402
-import sample  # noqa: E402
-from model import GPT, CheckpointError, GPTConfig, load_checkpoint, read_checkpoint  # noqa: E402
+import eval_extrapolation
+import eval_frequencies
+import sample
+from model import GPT, CheckpointError, GPTConfig, load_checkpoint, read_checkpoint
 
 
 class _Payload:
@@ -47,6 +42,7 @@ def files(tmp_path_factory):
     (d / "cut.pt").write_bytes((d / "good.pt").read_bytes()[:-200])
     (d / "junk.pt").write_bytes(b"not a checkpoint")
     (d / "folder.pt").mkdir()
+    torch.save({**ck, "meta": {**ck["meta"], "format": "no_such_format"}}, d / "format.pt")  # (not in BAD)
     return d
 
 
@@ -88,3 +84,23 @@ def test_every_script_refuses_a_bad_checkpoint(files, tmp_path, capsys, script, 
         script.main(argv)
     msg = e.value.code if isinstance(e.value.code, str) else capsys.readouterr().err
     assert e.value.code not in (0, None) and str(files / name) in msg and not (files / "pwned").exists()
+
+
+def test_sample_prompt_file_and_format_errors_name_the_file(files, tmp_path, capsys):
+    """sample.py: a prompt file that is binary or a folder, a dataset format this code lacks: exit status not
+    0, one line naming the file or the format, nothing printed; a text file is the prompt."""
+    def sample_main(*args):
+        return sample.main(["--device=cpu", "--max_new_tokens=3", "--num_samples=1", *map(str, args)])
+    (tmp_path / "bin.txt").write_bytes(b"ab\xff\xfe\x00c")
+    for ckpt, start, named in ((files / "good.pt", f"FILE:{tmp_path / 'bin.txt'}", tmp_path / "bin.txt"),
+                               (files / "good.pt", f"FILE:{tmp_path}", tmp_path),
+                               (files / "format.pt", "abc", "no_such_format")):
+        with pytest.raises(SystemExit) as e:
+            sample_main(f"--ckpt={ckpt}", f"--start={start}")
+        out, err = capsys.readouterr()
+        msg = e.value.code if isinstance(e.value.code, str) else err
+        assert e.value.code not in (0, None) and out == "" and len(msg.strip().splitlines()) == 1
+        assert str(named) in msg and "Traceback" not in err
+    (tmp_path / "p.txt").write_text("hgf", encoding="utf-8")
+    sample_main(f"--ckpt={files / 'good.pt'}", f"--start=FILE:{tmp_path / 'p.txt'}")
+    assert capsys.readouterr().out.startswith("hgf")

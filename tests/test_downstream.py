@@ -126,7 +126,7 @@ def requests_of(tm, spec, limit):
 def test_local_data_through_the_harness_tasks(tiny, shared_data, monkeypatch):
     """The local files, converted by config/lm_eval/local_data.py, give the harness's own prompts; the
     loaders read every row; a task without data (CBT: not in these files) is reported, the others run."""
-    sys.path.insert(0, ed.CONFIG_DIR)
+    monkeypatch.syspath_prepend(ed.CONFIG_DIR)
     from local_data import arc, hellaswag, lambada, piqa
     evals = str(shared_data / "evals")
     tm = ed.task_manager(list(ed.TASKS), evals, limit=2)

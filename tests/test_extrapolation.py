@@ -15,7 +15,7 @@ import torch
 
 import eval_extrapolation as ex
 from helpers import run_here, script_error
-from model import GPT, GPTConfig, load_checkpoint, yarn_inv_freq
+from model import load_checkpoint
 from prepare.common import PrepareError, codec, read_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,24 +57,6 @@ def run_eval(args, tmp_path):
     res = ex.main([*map(str, args), "--json", str(out), "--no_progress", "--device", "cpu"])
     assert json.loads(out.read_text()) == res
     return res
-
-
-def test_yarn_in_the_model():
-    """set_rope_scaling(s): YaRN's frequencies and logits scaled by mscale^2; s = 1 is plain RoPE whatever the
-    original length; PoPE refuses it."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=128, block_size=16, vocab_size=64, pos_emb="rope"))
-    x = torch.randint(0, 64, (2, 48))
-    with torch.no_grad():
-        plain = model(x, x)[0]
-        model.set_rope_scaling(1.0, orig_len=7)
-        assert torch.equal(model(x, x)[0], plain)
-    model.set_rope_scaling(4.0, orig_len=1024)
-    inv, mscale = yarn_inv_freq(64, 10000.0, 4.0, 1024)
-    attn = model.transformer.h[0].attn
-    assert torch.equal(attn.inv_freq, inv) and math.isclose(attn.scale, mscale ** 2 / 8, rel_tol=1e-12)
-    with pytest.raises(ValueError):
-        GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=64, pos_emb="pope")).set_rope_scaling(2.0)
 
 
 def test_yarn_series_follow_the_scale_rule(env, tmp_path):

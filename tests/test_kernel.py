@@ -13,8 +13,7 @@ import tempfile
 
 import pytest
 import torch
-import torch.nn.functional as F
-from helpers import large_weights_, rel_err
+from helpers import NAMES, large_weights_, pope_einsum_f64, rel_err
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -32,22 +31,6 @@ if INTERPRETED:  # every buffer the kernels must fill starts as NaN
 # positions, so its relative error is the largest (bf16: up to ~1e-2, as PyTorch's own bf16 path).
 BOUND = {torch.float32: (2e-5, 2e-5, 4e-5), torch.float16: (2e-3, 3e-3, 6e-3),
          torch.bfloat16: (1e-2, 1e-2, 2e-2)}
-NAMES = ["out", "dq", "dk", "dv", "ddelta"]
-
-
-def pope_einsum_f64(q, k, v, delta, causal=True, q_offset=0, base=10000.0):
-    """softmax_s((1/sqrt(D)) sum_c mu_q[t,c] mu_k[s,c] cos((s - t) theta_c + delta_c)) v, in float64."""
-    B, H, Tq, D = q.shape
-    theta = base ** (-torch.arange(D, dtype=torch.float64) / D)
-    t = (q_offset + torch.arange(Tq, dtype=torch.float64))[:, None, None]
-    s = torch.arange(k.size(2), dtype=torch.float64)[None, :, None]
-    ang = (s - t) * theta + delta[:, None, None, :]  # (H, Tq, Tk, D)
-    scores = torch.einsum("bhtc,bhsc,htsc->bhts", F.softplus(q), F.softplus(k), torch.cos(ang)) / math.sqrt(D)
-    if causal:
-        scores = scores.masked_fill(~(s[..., 0] <= t[..., 0]), float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
-
-
 def run_both(B, H, Tq, Tk, D, dtype, seed, causal=True, q_offset=0):
     """[out, dq, dk, dv, ddelta] of the kernel in dtype and of the float64 reference, on the same inputs."""
     g = torch.Generator().manual_seed(seed)

@@ -204,3 +204,5 @@ def test_yarn_is_the_published_form(s, L0, D, low, high):
     assert torch.equal(attn.inv_freq, inv) and math.isclose(attn.scale, mscale ** 2 / math.sqrt(D))
     model.set_rope_scaling(1.0)
     assert torch.equal(attn.inv_freq, theta.float()) and attn.scale == 1 / math.sqrt(D)
+    with pytest.raises(ValueError):  # PoPE has no YaRN
+        GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=64, pos_emb="pope")).set_rope_scaling(2.0)

@@ -181,7 +181,7 @@ def test_check_dataset_names_the_file_and_the_rebuild_command(tmp_path, fault):
         common.check_dataset(d)
     if not readable:
         cmd = f"python prepare/indirect_indexing.py --quick --out_dir {common.repo_path(d)}"
-    assert "\n" not in str(e.value) and str(e.value).startswith(f"{d / name}: ") and cmd in str(e.value)
+    assert "\n" not in str(e.value) and str(d / name) in str(e.value) and cmd in str(e.value)
     for folder, script in (("jsb", "python prepare/jsb.py --out_dir "), ("mine", "python prepare/genome.py")):
         with pytest.raises(common.PrepareError, match=script):  # no folder: the script that makes it
             common.check_dataset(tmp_path / folder)

@@ -9,13 +9,10 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import read_bin
 
 from prepare import common
 from prepare import maestro
-
-
-def read_bin(d, split):
-    return np.fromfile(d / f"{split}.bin", dtype=np.uint16)
 
 
 # the shortest pieces of each split, so that the test stays fast

@@ -75,7 +75,7 @@ def test_extrapolation_tables_group_seeds(tmp_path):
 def test_indirect_indexing_script_refuses_settings_that_would_mix_runs(tmp_path, env):
     """EXTRA without LABEL would put another setting's runs into the default's folders: stop first."""
     r = subprocess.run(["bash", str(REPO / "results" / "indirect_indexing.sh")], capture_output=True,
-                       cwd=tmp_path, env={**os.environ, "RESULTS": str(tmp_path / "r"), "SEEDS": "", **env})
+                       cwd=tmp_path, env={**os.environ, "RESULTS": str(tmp_path / "r"), "SEEDS": " ", **env})
     assert r.returncode == 1 and not (tmp_path / "r").exists()
 
 
@@ -108,7 +108,6 @@ def test_delta_stats_against_a_float64_reference(tmp_path):
     RoPE checkpoint anywhere in the list is refused (exit 1, nothing on stdout, its path named)."""
     import numpy as np
     import torch
-    sys.path.insert(0, str(REPO))
     from model import GPT, GPTConfig
     rng = np.random.default_rng(5)
     paths, want = [], {}
