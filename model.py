@@ -393,13 +393,14 @@ def cuda_graph(fn, state=(), compile=False, warmup=1):
 class CheckpointError(ValueError):  # not an intact train.py checkpoint: one line, naming the file
     pass
 
-def read_checkpoint(path, device="cpu"):
-    """A train.py checkpoint's dict (weights_only=True); the zip's CRCs checked (torch.load checks none)."""
+def read_checkpoint(path):
+    """A train.py checkpoint's dict on the CPU (weights_only=True; a device's own error stays its own, not a
+    damaged file's); the zip's CRCs checked (torch.load checks none)."""
     try:
         with zipfile.ZipFile(path) as z:
             if (bad := z.testzip()) is not None:
                 raise CheckpointError(f"{path} is damaged: {bad} fails its CRC check; use an intact copy")
-        ckpt = torch.load(path, map_location=device, weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except (FileNotFoundError, IsADirectoryError):
         raise CheckpointError(f"no checkpoint file {path}: train.py writes out_dir/ckpt.pt") from None
     except (zipfile.BadZipFile, EOFError, RuntimeError) as e:
@@ -413,7 +414,7 @@ def read_checkpoint(path, device="cpu"):
     return ckpt
 
 def load_checkpoint(path, device="cpu", **overrides):  # (model in eval mode, checkpoint); GPTConfig overrides
-    ckpt = read_checkpoint(path, device)
+    ckpt = read_checkpoint(path)
     model = GPT(GPTConfig(**{**ckpt["model_args"], **overrides}))
     model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
     return model.to(device).eval(), ckpt

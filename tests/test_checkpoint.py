@@ -72,6 +72,12 @@ def test_reader_loads_an_intact_checkpoint(files):
     assert not model.training and ck["config"] == {"dataset": "toy"}
 
 
+def test_a_device_fault_is_not_called_a_damaged_file(files):
+    with pytest.raises((AssertionError, RuntimeError)) as e:  # torch's own: no CUDA here, or no GPU 99
+        load_checkpoint(str(files / "good.pt"), device="cuda:99")
+    assert not isinstance(e.value, CheckpointError)
+
+
 @pytest.mark.parametrize("name", ["nan.pt", "code.pt", "tensor.pt"])
 @pytest.mark.parametrize("script", [sample, eval_frequencies, eval_extrapolation])
 def test_every_script_refuses_a_bad_checkpoint(files, tmp_path, capsys, script, name):
