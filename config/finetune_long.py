@@ -18,7 +18,7 @@
 # then: python eval_extrapolation.py --ckpt out-pope-124m/ckpt.pt out-pope-ft/ckpt.pt out-rope-yarn/ckpt.pt \
 #           --data data/openwebtext/val.bin
 
-init_from = "out-pope/ckpt.pt"  # placeholder: override with --init_from=path/to/ckpt.pt
+init_from = "out-pope-124m/ckpt.pt"  # config/pope_124m.py's; another: --init_from=path/to/ckpt.pt
 out_dir = "out-pope-ft"
 block_size = 4 * 1024
 rope_scaling = 1.0  # YaRN s, for RoPE checkpoints only (1.0: no YaRN; a RoPE source then gives "RoPE+ft")
