@@ -119,7 +119,7 @@ def use_pope_kernel(attn_impl, q, k, v, delta, *, compiled=None, decoding=False)
     if attn_impl == "auto" and not q.is_cuda:
         return False, f"attn_impl='auto' on {q.device.type}; the kernels run on CUDA"
     # Until the kernel wins there: H200, 124M, bf16, 32k tokens a step, ms/step PyTorch vs kernel under
-    # torch.compile: 1k 78.38 vs 76.35, 4k 100.21 vs 101.41, 16k 187.39 vs 198.10 (results/kernel/train-*).
+    # torch.compile: 1k 78.07 vs 76.82, 4k 101.29 vs 102.31, 16k 188.57 vs 198.54 (results/kernel/train-*).
     compiled = torch.compiler.is_compiling() if compiled is None else compiled
     if attn_impl == "auto" and compiled and not decoding and q.size(2) > 1024:
         return False, "attn_impl='auto', torch.compile, over 1024 tokens: there the PyTorch path is faster"

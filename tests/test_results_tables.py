@@ -35,6 +35,15 @@ def test_every_table_is_the_one_its_raw_files_give():
     assert prose_numbers_not_in_tables(text) == []
 
 
+def test_the_attention_rules_measurement_is_the_committed_one():
+    """model.py's comment on auto's rule quotes the step times of results/kernel/train-*.json (PyTorch path,
+    kernel): a new measurement cannot leave the rule's stated basis stale."""
+    quoted = re.search(r"compile: 1k ([\d.]+) vs ([\d.]+), 4k ([\d.]+) vs ([\d.]+), 16k ([\d.]+) vs ([\d.]+)",
+                       (REPO / "model.py").read_text()).groups()
+    rows = {T: S.bench(f"kernel/train-{T}.json") for T in (1024, 4096, 16384)}
+    assert list(quoted) == [f"{rows[T][p]['ms']:.2f}" for T in rows for p in ("pope-torch", "pope-kernel")]
+
+
 @pytest.mark.parametrize("old, new", [("| 1342 | 97.42% |", "| 1342 | 97.43% |"),  # a table cell
                                       ("seed 1339 (12.99%)", "seed 1339 (12.98%)")])  # a number in the prose
 def test_one_changed_number_is_caught(old, new):
