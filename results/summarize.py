@@ -506,11 +506,13 @@ def t_ii_shift_curve():
             for s in (1337, 1338, 1339)]
     runs.insert(1, ("pope, seed 1337, PyTorch path (`--attn_impl=torch`)",
                     "all-shift_token-torch/seed1337-pope"))  # (the kernel excluded)
-    # seed 1339's runs were stopped before 100k (no eval.json): their last periodic eval is named
-    last = lambda run: f", stopped; last eval, step {max(evals(run))}: {evals(run)[max(evals(run))]:.1f}%"  # noqa
-    runs = [(name + ("" if os.path.exists(f"{II}/{run}/eval.json") else last(run)), run) for name, run in runs]
-    rows = [[name, f"{first_float(f'{II}/{run}.log', PLATEAU):.3f}"]
-            + [f"{evals(run)[i]:.1f}" if i in evals(run) else "–" for i in steps] for name, run in runs]
+    rows = []
+    for name, run in runs:
+        acc = evals(run)
+        if not os.path.exists(f"{II}/{run}/eval.json"):  # stopped before 100k (seed 1339): its last eval named
+            name += f", stopped; last eval, step {max(acc)}: {acc[max(acc)]:.1f}%"
+        rows.append([name, f"{first_float(f'{II}/{run}.log', PLATEAU):.3f}"]
+                    + [f"{acc[i]:.1f}" if i in acc else "–" for i in steps])
     m = ii_prepare()
     Ls = range(m.MIN_LEN, m.MAX_LEN + 1)  # a model that knows the string but not the shift: uniform over it
     rows.append(["uniform over the string's letters (ignores the shift)",
