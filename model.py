@@ -191,7 +191,8 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, cache=None):
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        # split (nanoGPT's): a view-permute-unbind NaN'd compiled bf16 runs (results/tasks/jsb-compile-nan)
+        q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in self.c_attn(x).split(C, 2))
         q, k = self.q_probe(q), self.k_probe(k)  # (B, H, T, D) each
         if cache is not None:  # generate(): over the cache's slots up to each query (it turns q and k)
             y = cache.attend(self.layer_idx, q, k, v, self.scale)
@@ -394,8 +395,7 @@ class CheckpointError(ValueError):  # not an intact train.py checkpoint: one lin
     pass
 
 def read_checkpoint(path):
-    """A train.py checkpoint's dict on the CPU (weights_only=True; a device's own error stays its own, not a
-    damaged file's); the zip's CRCs checked (torch.load checks none)."""
+    """A train.py checkpoint's dict on the CPU (weights_only=True), its zip's CRCs checked first."""
     try:
         with zipfile.ZipFile(path) as z:
             if (bad := z.testzip()) is not None:
