@@ -142,6 +142,28 @@ def test_auto_takes_the_pytorch_path_past_1024_tokens_compiled():
         assert ("kernel of pope_kernel.py" in m.attention_path(compiled=compiled)) == want, (T, compiled)
 
 
+def test_compiled_bf16_training_keeps_gradients_finite():
+    """JSB's shape compiled in bf16 with dropout: every gradient finite over 3 steps. With q, k, v made by a
+    view-permute-unbind, inductor's backward put NaN in layer 0's v gradient (results/tasks/jsb-compile-nan)."""
+    from model import GPT, GPTConfig
+    torch.manual_seed(1340)
+    m = GPT(GPTConfig(n_layer=6, n_head=8, n_embd=256, vocab_size=96, block_size=2047, dropout=0.3,
+                      attn_impl="torch")).cuda()
+    opt, fwd = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True), torch.compile(m)
+    x = torch.randint(96, (16, 2048), device="cuda")
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):  # train.py evaluates first
+        fwd.eval()(x[:, :-1], x[:, 1:], (x[:, 1:] > 3).float())
+    fwd.train()
+    for i in range(3):
+        x = torch.randint(96, (16, 2048), device="cuda")
+        with torch.autocast("cuda", torch.bfloat16):
+            fwd(x[:, :-1], x[:, 1:], (x[:, 1:] > 3).float())[1].backward()
+        assert not (bad := [n for n, p in m.named_parameters() if not p.grad.isfinite().all()]), (i, bad)
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
 def test_graphed_training_step_equals_the_eager_step(data_root, tmp_path):
     """train.py --cuda_graph=True (the optimizer step as one CUDA graph through model.cuda_graph, capturable
     AdamW, the batches gathered on the GPU) logs the eager run's losses: float32, 6 steps of a tiny PoPE."""
