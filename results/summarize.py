@@ -529,28 +529,29 @@ TASKS = [("jsb", "short", "JSB Chorales, 1k steps (config/jsb.py)", ("0.4889", "
 
 
 def task_nll(task, pe, tag, split="test"):
-    """NLL per seed of a results/tasks run set (JSB 3k RoPE seed 1339 from the output line it kept)."""
-    out = []
-    for s in (1337, 1338, 1339):
+    """{seed: NLL} of a results/tasks run set, seeds from 1337 (JSB 3k RoPE 1339 from the output line it kept)."""
+    out = {}
+    for s in range(1337, 1345):
         base = os.path.join(R, f"tasks/{task}-{pe}-{s}-{tag}")
         if os.path.exists(base + "-eval.json"):
-            out.append(ev(base + "-eval.json", split, "loss"))
+            out[s] = ev(base + "-eval.json", split, "loss")
         elif os.path.exists(base + ".txt"):
-            out.append(first_float(base + ".txt", rf"{split} loss ([\d.]+)"))
+            out[s] = first_float(base + ".txt", rf"{split} loss ([\d.]+)")
     return out
 
 
 def t_tasks():
-    rows = [[name, PES[pe], " / ".join(f"{x:.4f}" for x in task_nll(t, pe, tag)),
-             mean_std(task_nll(t, pe, tag), 4), mean_std(task_nll(t, pe, tag, "val"), 4), paper[j]]
+    rows = [[name, PES[pe], " / ".join(f"{x:.4f}" for x in task_nll(t, pe, tag).values()),
+             mean_std(list(task_nll(t, pe, tag).values()), 4),
+             mean_std(list(task_nll(t, pe, tag, "val").values()), 4), paper[j]]
             for t, tag, name, paper in TASKS for j, pe in enumerate(("pope", "rope"))]
-    return table(["task", "model", "test NLL, seeds 1337 / 1338 / 1339", "mean ± std", "val NLL", "paper"],
-                 rows)
+    return table(["task", "model", "test NLL, seeds from 1337", "mean ± std", "val NLL", "paper"], rows)
 
 
-def t_tasks_paired():
-    rows = [[name] + pair_cells(task_nll(t, "pope", tag), task_nll(t, "rope", tag), 4)
-            for t, tag, name, _ in TASKS]
+def t_tasks_paired():  # paired over the seeds both models ran
+    pairs = [(task_nll(t, "pope", tag), task_nll(t, "rope", tag)) for t, tag, _, _ in TASKS]
+    rows = [[name] + pair_cells([a[s] for s in a if s in b], [b[s] for s in a if s in b], 4)
+            for (_, _, name, _), (a, b) in zip(TASKS, pairs)]
     return table(["test NLL, paired by seed"] + PAIRED, rows)
 
 
