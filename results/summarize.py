@@ -179,6 +179,7 @@ def plot(out, panels, split, metric, floor):
 
 def mean_std(xs, nd):
     """'mean ± std' (sample std) of xs, the value alone for one, 'inf' where one is infinite (JSON null)."""
+    xs = list(xs)
     if any(x is None or math.isinf(x) for x in xs):
         return "inf"
     if len(xs) == 1:
@@ -377,8 +378,9 @@ def first_float(path, pattern):
 
 
 def pair_cells(a, b, nd, unit=""):
-    """Cells of a paired row, a − b: n, mean, 95% interval, t-test p, sign counts (p)."""
-    r = paired(a, b)
+    """Cells of a paired row, a − b over the seeds both {seed: value} have: n, mean, 95% interval, t-test p,
+    sign counts (p)."""
+    r = paired([a[s] for s in a if s in b], [b[s] for s in a if s in b])
     ci = "n too small" if r["lo"] is None else f"[{r['lo']:+.{nd}f}, {r['hi']:+.{nd}f}]"
     p = "n too small" if r["p"] is None else f"{r['p']:.2g}"
     return [str(r["n"]), f"{r['mean']:+.{nd}f}{unit}", ci, p,
@@ -399,22 +401,25 @@ def has(folder, s, pe):
     return os.path.exists(f"{II}/{folder}/seed{s}-{pe}/eval.json")
 
 
-def ii_acc(folder, pe):
-    return [ev(f"indirect_indexing/{folder}/seed{s}-{pe}/eval.json") for s in II_SEEDS[folder]
-            if has(folder, s, pe)]
+def ii_acc(folder, pe):  # {seed: test accuracy %}
+    return {s: ev(f"indirect_indexing/{folder}/seed{s}-{pe}/eval.json") for s in II_SEEDS[folder]
+            if has(folder, s, pe)}
 
 
 def t_ii(folder, paper=None):
     pes = [pe for pe in PES if ii_acc(folder, pe)]
     rows = [[str(s)] + [f"{ev(f'indirect_indexing/{folder}/seed{s}-{pe}/eval.json'):.2f}%"
                         if has(folder, s, pe) else "–" for pe in pes] for s in II_SEEDS[folder]]
-    rows.append(["mean ± std"] + [mean_std(ii_acc(folder, pe), 2) + "%" for pe in pes])
+    rows.append(["mean ± std"] + [mean_std(ii_acc(folder, pe).values(), 2) + "%" for pe in pes])
     return table(["seed"] + [PES[pe] for pe in pes], rows + ([["paper (3 seeds)"] + paper] if paper else []))
 
 
 def t_ii_variants():
-    rows = [[v] + [" / ".join(f"{x:.2f}%" for x in ii_acc(f, pe)) for pe in ("pope", "rope")]
-            + [mean_std(ii_acc(f, pe), 2) + "%" for pe in ("pope", "rope")] for f, v in VARIANTS.items()]
+    rows = []
+    for f, v in VARIANTS.items():
+        accs = [ii_acc(f, pe).values() for pe in ("pope", "rope")]
+        rows.append([v] + [" / ".join(f"{x:.2f}%" for x in a) for a in accs]
+                    + [mean_std(a, 2) + "%" for a in accs])
     return table(["variant (loss on every token)", "PoPE, seeds from 1337", "RoPE, seeds from 1337", "PoPE",
                   "RoPE"], rows)
 
@@ -529,7 +534,7 @@ TASKS = [("jsb", "short", "JSB Chorales, 1k steps (config/jsb.py)", ("0.4889", "
 
 
 def task_nll(task, pe, tag, split="test"):
-    """{seed: NLL} of a results/tasks run set, seeds from 1337 (JSB 3k RoPE 1339 from the output line it kept)."""
+    """{seed: NLL} of a results/tasks run set, seeds from 1337 (JSB 3k RoPE 1339: the output line it kept)."""
     out = {}
     for s in range(1337, 1345):
         base = os.path.join(R, f"tasks/{task}-{pe}-{s}-{tag}")
@@ -541,17 +546,18 @@ def task_nll(task, pe, tag, split="test"):
 
 
 def t_tasks():
-    rows = [[name, PES[pe], " / ".join(f"{x:.4f}" for x in task_nll(t, pe, tag).values()),
-             mean_std(list(task_nll(t, pe, tag).values()), 4),
-             mean_std(list(task_nll(t, pe, tag, "val").values()), 4), paper[j]]
-            for t, tag, name, paper in TASKS for j, pe in enumerate(("pope", "rope"))]
+    rows = []
+    for t, tag, name, paper in TASKS:
+        for j, pe in enumerate(("pope", "rope")):
+            test = task_nll(t, pe, tag).values()
+            rows.append([name, PES[pe], " / ".join(f"{x:.4f}" for x in test), mean_std(test, 4),
+                         mean_std(task_nll(t, pe, tag, "val").values(), 4), paper[j]])
     return table(["task", "model", "test NLL, seeds from 1337", "mean ± std", "val NLL", "paper"], rows)
 
 
-def t_tasks_paired():  # paired over the seeds both models ran
-    pairs = [(task_nll(t, "pope", tag), task_nll(t, "rope", tag)) for t, tag, _, _ in TASKS]
-    rows = [[name] + pair_cells([a[s] for s in a if s in b], [b[s] for s in a if s in b], 4)
-            for (_, _, name, _), (a, b) in zip(TASKS, pairs)]
+def t_tasks_paired():
+    rows = [[name] + pair_cells(task_nll(t, "pope", tag), task_nll(t, "rope", tag), 4)
+            for t, tag, name, _ in TASKS]
     return table(["test NLL, paired by seed"] + PAIRED, rows)
 
 
@@ -586,10 +592,10 @@ def t_lm_paired():
     for name, a, b in (("PoPE − RoPE", "PoPE", "RoPE"), ("project − wrap", "PoPE-project", "PoPE"),
                        ("clamp − wrap", "PoPE-clamp", "PoPE")):
         for L in (512, 5120):
-            xa, xb = [ppl(f"{a}-s{s}", L) for s in LM_SEEDS], [ppl(f"{b}-s{s}", L) for s in LM_SEEDS]
+            xa, xb = ({s: ppl(f"{m}-s{s}", L) for s in LM_SEEDS} for m in (a, b))
             c = pair_cells(xa, xb, 2)
-            rows.append([f"{name}, perplexity at {L:,}"] + c[:4]
-                        + [f"{100 * statistics.mean(xa) / statistics.mean(xb) - 100:+.1f}%", c[4]])
+            rel = 100 * statistics.mean(xa.values()) / statistics.mean(xb.values()) - 100
+            rows.append([f"{name}, perplexity at {L:,}"] + c[:4] + [f"{rel:+.1f}%", c[4]])
     return table(["paired by seed", "n", "mean difference", "95% interval", "paired t p", "relative",
                   "first higher / lower / tie (sign p)"], rows)
 

@@ -90,3 +90,5 @@ def test_paired_statistics():
     r = S.paired([1.0, 2.0], [0.5, 2.0])  # two pairs: no interval or t-test; the tie leaves the sign test
     assert r["lo"] is r["hi"] is r["p"] is None and (r["wins"], r["ties"], r["sign_p"]) == (1, 1, 1.0)
     assert S.sign_test_p(5, 1) == pytest.approx(14 / 64) and S.sign_test_p(7, 1) == pytest.approx(18 / 256)
+    cells = S.pair_cells({7: 9.0, 1: 3, 2: 5, 3: 4, 4: 8}, {4: 3, 3: 2, 2: 2, 1: 1, 5: 0.0}, 2)  # by seed
+    assert cells[:2] == ["4", "+3.00"] and cells[3] == "0.024"
