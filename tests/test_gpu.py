@@ -2,6 +2,7 @@
 (training: output and four gradients, first configs and autotuned, buffers starting as NaN, bitwise
 repeatable; decoding at context 8k), torch.compile's path, CUDA graphs (decoding, train.py's step) equal to
 eager, the attention rule. Every random draw seeded."""
+import copy
 import json
 import math
 import os
@@ -142,26 +143,26 @@ def test_auto_takes_the_pytorch_path_past_1024_tokens_compiled():
         assert ("kernel of pope_kernel.py" in m.attention_path(compiled=compiled)) == want, (T, compiled)
 
 
-def test_compiled_bf16_training_keeps_gradients_finite():
-    """JSB's shape compiled in bf16 with dropout: every gradient finite over 3 steps. With q, k, v made by a
-    view-permute-unbind, inductor's backward put NaN in layer 0's v gradient (results/tasks/jsb-compile-nan)."""
+def test_compiled_bf16_gradients_equal_eager():
+    """JSB's shape (T = 2047), bf16, evaluated first as train.py does: every parameter's gradient under
+    torch.compile within 5% (norm-wise) of eager's. With q, k, v made by a view-permute-unbind, layer 0's had
+    relative errors of 1 to 7,550 or NaN in every run (results/tasks/jsb-compile-nan/gradcmp)."""
     from model import GPT, GPTConfig
-    torch.manual_seed(1340)
-    m = GPT(GPTConfig(n_layer=6, n_head=8, n_embd=256, vocab_size=96, block_size=2047, dropout=0.3,
-                      attn_impl="torch")).cuda()
-    opt, fwd = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True), torch.compile(m)
-    x = torch.randint(96, (16, 2048), device="cuda")
-    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):  # train.py evaluates first
-        fwd.eval()(x[:, :-1], x[:, 1:], (x[:, 1:] > 3).float())
-    fwd.train()
-    for i in range(3):
-        x = torch.randint(96, (16, 2048), device="cuda")
+    for pos_emb in ("pope", "rope"):
+        torch.manual_seed(1340)
+        eager = GPT(GPTConfig(n_layer=6, n_head=8, n_embd=256, vocab_size=96, block_size=2047, pos_emb=pos_emb,
+                              attn_impl="torch")).cuda()
+        comp = copy.deepcopy(eager)
+        fwd, x = torch.compile(comp), torch.randint(96, (16, 2048), device="cuda")
         with torch.autocast("cuda", torch.bfloat16):
-            fwd(x[:, :-1], x[:, 1:], (x[:, 1:] > 3).float())[1].backward()
-        assert not (bad := [n for n, p in m.named_parameters() if not p.grad.isfinite().all()]), (i, bad)
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                fwd.eval()(x[:, :-1], x[:, 1:], (x[:, 1:] > 3).float())
+            fwd.train()
+            for f in (eager, fwd):
+                f(x[:, :-1], x[:, 1:], (x[:, 1:] > 3).float())[1].backward()
+        err = {n: ((a.grad - b.grad).norm() / b.grad.norm()).item()
+               for (n, a), b in zip(comp.named_parameters(), eager.parameters())}
+        assert not {n: e for n, e in err.items() if not e < 0.05}, (pos_emb, err)
 
 
 def test_graphed_training_step_equals_the_eager_step(data_root, tmp_path):
