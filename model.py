@@ -118,11 +118,11 @@ def use_pope_kernel(attn_impl, q, k, v, delta, *, compiled=None, decoding=False)
         raise RuntimeError(f"attn_impl='triton' needs pope_kernel.py, but {KERNEL_MISSING}")
     if attn_impl == "auto" and not q.is_cuda:
         return False, f"attn_impl='auto' on {q.device.type}; the kernels run on CUDA"
-    # Until the kernel wins there: H200, 124M, bf16, 32k tokens a step, ms/step PyTorch vs kernel under
-    # torch.compile: 1k 78.07 vs 76.82, 4k 101.29 vs 102.31, 16k 188.57 vs 198.54 (results/kernel/train-*).
+    # Until the kernel wins there (results/kernel/train-*: H200, 124M, bf16, 32k tokens; ms/step, PyTorch vs
+    # kernel, torch.compile: 1k 79.90 vs 77.34, 4k 103.32 vs 101.52, 16k 190.84 vs 196.61; 4k a tie in 3 runs)
     compiled = torch.compiler.is_compiling() if compiled is None else compiled
     if attn_impl == "auto" and compiled and not decoding and q.size(2) > 1024:
-        return False, "attn_impl='auto', torch.compile, over 1024 tokens: there the PyTorch path is faster"
+        return False, "attn_impl='auto', torch.compile, over 1024 tokens: the PyTorch path, as fast or faster"
     why = KERNEL_MISSING if pope_kernel is None else pope_kernel.decode_unsupported_reason(k, v) if decoding \
         else pope_kernel.kernel_unsupported_reason(q, k, v, delta)
     if why is None or attn_impl == "triton" and not decoding:
@@ -191,8 +191,8 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, cache=None):
         B, T, C = x.size()
-        # split (nanoGPT's): a view-permute-unbind NaN'd compiled bf16 runs (results/tasks/jsb-compile-nan)
-        q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in self.c_attn(x).split(C, 2))
+        # as 3H heads: compiled, view-permute-unbind's grads were wrong, split's slow (results/kernel/qkv-forms)
+        q, k, v = self.c_attn(x).view(B, T, 3 * self.n_head, -1).transpose(1, 2).split(self.n_head, 1)
         q, k = self.q_probe(q), self.k_probe(k)  # (B, H, T, D) each
         if cache is not None:  # generate(): over the cache's slots up to each query (it turns q and k)
             y = cache.attend(self.layer_idx, q, k, v, self.scale)

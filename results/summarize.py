@@ -713,6 +713,21 @@ def t_train_step():
                  rows)
 
 
+def t_qkv_forms():
+    """results/kernel/qkv-forms: per way of making q, k, v from c_attn's output, tests/test_gpu.py's compiled
+    vs eager gradient test (its largest relative error, PoPE; it stops at the first model that fails) and
+    bench.py train at 32 x 1k."""
+    rows = []
+    for form in ("split", "permute", "heads", "t13"):
+        log = open(os.path.join(R, f"kernel/qkv-forms/t-{form}.log")).read()
+        err = float(re.search(r"^pope \[\('[\w.]+', ([\d.]+)\)", log, re.M)[1])
+        by = bench(f"kernel/qkv-forms/b-{form}.json") if form != "t13" else {}
+        rows.append([form, f"{err:.4f}" if err < 1 else f"{err:,.0f}", "passed" if " passed" in log else
+                     "failed"] + [f"{by[p]['ms']:.2f}" if p in by else "" for p in ("rope", "pope-torch")])
+    return table(["q, k, v by", "largest gradient error, PoPE", "test", "rope ms/step",
+                  "pope-torch ms/step"], rows)
+
+
 def t_train_small():
     """train.py's logged step times of the indirect-indexing model, 400 steps: median from step 100 on, last."""
     rows = []
@@ -743,8 +758,8 @@ def t_memory():
 TABLES = {f.__name__[2:]: f for f in (
     t_ii_floor, t_ii_paired, t_ii_variants, t_ii_takeoff, t_ii_takeoff_sign, t_ii_repeats, t_ii_shift_curve,
     t_tasks, t_tasks_paired, t_lm_rise, t_lm_seeds, t_lm_paired, t_speed_provenance, t_kernel,
-    t_kernel_profile, t_train_step, t_train_small, t_decode, t_memory, t_delta_toy, t_delta_lm, t_freq_ii,
-    t_freq_lm)}
+    t_kernel_profile, t_train_step, t_qkv_forms, t_train_small, t_decode, t_memory, t_delta_toy, t_delta_lm,
+    t_freq_ii, t_freq_lm)}
 TABLES.update(ii_target=lambda: t_ii("target", ["94.82 ± 2.91%", "11.16 ± 2.45%", ""]),
               ii_all=lambda: t_ii("all"),
               lm_ppl=lambda: extrapolation_tables(EXTRA, LM_GROUPS)[2],
