@@ -119,7 +119,7 @@ def use_pope_kernel(attn_impl, q, k, v, delta, *, compiled=None, decoding=False)
     if attn_impl == "auto" and not q.is_cuda:
         return False, f"attn_impl='auto' on {q.device.type}; the kernels run on CUDA"
     # Until the kernel wins there (results/kernel/train-*: H200, 124M, bf16, 32k tokens; ms/step, PyTorch vs
-    # kernel, torch.compile: 1k 79.90 vs 77.34, 4k 103.32 vs 101.52, 16k 190.84 vs 196.61; 4k a tie in 3 runs)
+    # kernel, torch.compile: 1k 77.05 vs 76.38, 4k 99.74 vs 100.38, 16k 186.03 vs 195.60; ab-heads-*: 1k a tie)
     compiled = torch.compiler.is_compiling() if compiled is None else compiled
     if attn_impl == "auto" and compiled and not decoding and q.size(2) > 1024:
         return False, "attn_impl='auto', torch.compile, over 1024 tokens: the PyTorch path, as fast or faster"

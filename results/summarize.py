@@ -713,6 +713,26 @@ def t_train_step():
                  rows)
 
 
+def t_kernel_vs_torch():
+    """PoPE's kernel against its PyTorch path in the 124M compiled step at 32k tokens, over every run of both:
+    train-T.json and the interleaved A/Bs (ab-heads-interleaved-T*.json), paired as run in one process."""
+    rows = []
+    for T in (1024, 4096, 16384):
+        k, t = [], []
+        for f in sorted(f for f in os.listdir(os.path.join(R, "kernel")) if f.endswith(".json") and (
+                f == f"train-{T}.json" or f.startswith(f"ab-heads-interleaved-{T}"))):
+            rs = json.load(open(os.path.join(R, "kernel", f)))["rows"]
+            k += [r["ms"] for r in rs if r["path"] == "pope-kernel"]
+            t += [r["ms"] for r in rs if r["path"] == "pope-torch"]
+        r = paired(k, t)
+        km, tm = statistics.mean(k), statistics.mean(t)
+        rows.append([f"{32768 // T} × {T}", str(r["n"]), f"{km:.2f}", f"{tm:.2f}", f"{km / tm:.3f}",
+                     f"{r['mean']:+.2f}", "n too small" if r["p"] is None else f"{r['p']:.2g}",
+                     f"{r['losses']} of {r['n']}"])
+    return table(["batch × context", "pairs", "kernel ms/step", "PyTorch path ms/step",
+                  "kernel ÷ PyTorch path", "mean kernel − PyTorch, ms", "paired t p", "kernel faster in"], rows)
+
+
 def t_qkv_forms():
     """results/kernel/qkv-forms: per way of making q, k, v from c_attn's output, tests/test_gpu.py's compiled
     vs eager gradient test (its largest relative error, PoPE; it stops at the first model that fails) and
@@ -759,8 +779,8 @@ def t_memory():
 TABLES = {f.__name__[2:]: f for f in (
     t_ii_floor, t_ii_paired, t_ii_variants, t_ii_takeoff, t_ii_takeoff_sign, t_ii_repeats, t_ii_shift_curve,
     t_tasks, t_tasks_paired, t_lm_rise, t_lm_seeds, t_lm_paired, t_speed_provenance, t_kernel,
-    t_kernel_profile, t_train_step, t_qkv_forms, t_train_small, t_decode, t_memory, t_delta_toy, t_delta_lm,
-    t_freq_ii, t_freq_lm)}
+    t_kernel_profile, t_train_step, t_kernel_vs_torch, t_qkv_forms, t_train_small, t_decode, t_memory,
+    t_delta_toy, t_delta_lm, t_freq_ii, t_freq_lm)}
 TABLES.update(ii_target=lambda: t_ii("target", ["94.82 ± 2.91%", "11.16 ± 2.45%", ""]),
               ii_all=lambda: t_ii("all"),
               lm_ppl=lambda: extrapolation_tables(EXTRA, LM_GROUPS)[2],
