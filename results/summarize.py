@@ -719,8 +719,8 @@ def t_kernel_vs_torch():
     rows = []
     for T in (1024, 4096, 16384):
         k, t = [], []
-        for f in sorted(f for f in os.listdir(os.path.join(R, "kernel")) if f.endswith(".json") and (
-                f == f"train-{T}.json" or f.startswith(f"ab-heads-interleaved-{T}"))):
+        for f in sorted(f for f in os.listdir(os.path.join(R, "kernel"))
+                        if re.fullmatch(rf"train-{T}\.json|ab-heads-interleaved-{T}(-rep\d*)?\.json", f)):
             rs = json.load(open(os.path.join(R, "kernel", f)))["rows"]
             k += [r["ms"] for r in rs if r["path"] == "pope-kernel"]
             t += [r["ms"] for r in rs if r["path"] == "pope-torch"]
