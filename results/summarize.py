@@ -688,10 +688,16 @@ def t_kernel_profile():
 STEPS = ("train-1024-b16", "train-1024", "train-4096", "train-16384")  # bench.py train's files in §5
 
 
+def ab_files(T=r"\d+"):  # the interleaved kernel / PyTorch path A/Bs of §5 (at context T)
+    return sorted(f"kernel/{f}" for f in os.listdir(os.path.join(R, "kernel"))
+                  if re.fullmatch(rf"ab-heads-interleaved-{T}(-rep\d*)?\.json", f))
+
+
 def t_speed_provenance():
     """Where each §5 file comes from: its header, as bench.py (results/setup.sh for the tests) wrote it."""
     rows = []
-    for f in ["kernel/bench-kernel.json", *(f"kernel/{n}.json" for n in STEPS), "sample/bench-sample.json"]:
+    for f in ["kernel/bench-kernel.json", *(f"kernel/{n}.json" for n in STEPS), *ab_files(),
+              "sample/bench-sample.json"]:
         h = json.load(open(os.path.join(R, f)))["header"]
         rows.append([f"`{f}`", h["commit"][:7], str(h["dirty"]), h["date"], h["gpu"], h["torch"],
                      h["triton"]])
@@ -719,9 +725,8 @@ def t_kernel_vs_torch():
     rows = []
     for T in (1024, 4096, 16384):
         k, t = [], []
-        for f in sorted(f for f in os.listdir(os.path.join(R, "kernel"))
-                        if re.fullmatch(rf"train-{T}\.json|ab-heads-interleaved-{T}(-rep\d*)?\.json", f)):
-            rs = json.load(open(os.path.join(R, "kernel", f)))["rows"]
+        for f in [f"kernel/train-{T}.json", *ab_files(T)]:
+            rs = json.load(open(os.path.join(R, f)))["rows"]
             k += [r["ms"] for r in rs if r["path"] == "pope-kernel"]
             t += [r["ms"] for r in rs if r["path"] == "pope-torch"]
         r = paired(k, t)
