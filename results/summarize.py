@@ -729,13 +729,12 @@ def t_kernel_vs_torch():
             rs = json.load(open(os.path.join(R, f)))["rows"]
             k += [r["ms"] for r in rs if r["path"] == "pope-kernel"]
             t += [r["ms"] for r in rs if r["path"] == "pope-torch"]
-        r = paired(k, t)
         km, tm = statistics.mean(k), statistics.mean(t)
-        rows.append([f"{32768 // T} × {T}", str(r["n"]), f"{km:.2f}", f"{tm:.2f}", f"{km / tm:.3f}",
-                     f"{r['mean']:+.2f}", "n too small" if r["p"] is None else f"{r['p']:.2g}",
-                     f"{r['losses']} of {r['n']}"])
-    return table(["batch × context", "pairs", "kernel ms/step", "PyTorch path ms/step",
-                  "kernel ÷ PyTorch path", "mean kernel − PyTorch, ms", "paired t p", "kernel faster in"], rows)
+        rows.append([f"{32768 // T} × {T}", f"{km:.2f}", f"{tm:.2f}", f"{km / tm:.3f}",
+                     *pair_cells(dict(enumerate(k)), dict(enumerate(t)), 2)])
+    return table(["batch × context", "kernel ms/step", "PyTorch path ms/step", "kernel ÷ PyTorch path", "pairs",
+                  "mean kernel − PyTorch, ms", "95% interval", "paired t p",
+                  "kernel slower / faster / tie (sign p)"], rows)
 
 
 def t_qkv_forms():
