@@ -42,7 +42,7 @@ def header():
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     # POPE_COMMIT / POPE_DIRTY where the tree is a copy whose .git may be stale (results/setup.sh's rule)
     info = dict(commit=os.environ.get("POPE_COMMIT") or git("rev-parse", "HEAD"),
-                dirty=os.environ.get("POPE_DIRTY") or bool(git("status", "--porcelain", "-uno")),
+                dirty=os.environ.get("POPE_DIRTY") or ("yes" if git("status", "--porcelain", "-uno") else "no"),
                 gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 command=" ".join(["python", os.path.basename(sys.argv[0])] + sys.argv[1:]))
