@@ -697,9 +697,10 @@ def t_speed_provenance():
     """Where each §5 file comes from: its header, as bench.py (results/setup.sh for the tests) wrote it."""
     rows = []
     for f in ["kernel/bench-kernel.json", *(f"kernel/{n}.json" for n in STEPS), *ab_files(),
-              "sample/bench-sample.json"]:
+              *sample_files()]:
         h = json.load(open(os.path.join(R, f)))["header"]
-        rows.append([f"`{f}`", h["commit"][:7], str(h["dirty"]), h["date"], h["gpu"], h["torch"],
+        dirty = {False: "no", True: "yes"}.get(h["dirty"], h["dirty"])  # bench.py before 2026-12-04: a bool
+        rows.append([f"`{f}`", h["commit"][:7], dirty, h["date"], h["gpu"], h["torch"],
                      h["triton"]])
     env = r"^commit: (\w{7}).*^dirty: (.*?)$.*^date: (\S+).*^gpus: \d+, ([^,]+).*^torch (\S+) triton (\S+)"
     env = re.search(env, open(os.path.join(R, "gpu_tests/env.txt")).read(), flags=re.M | re.S)
@@ -764,12 +765,25 @@ def t_train_small():
     return table(["model, step as", "median ms/step, steps 100-350", "ms/step at step 350"], rows)
 
 
+def sample_files():  # bench.py sample's runs (§5's decoding table pairs them by run)
+    return sorted(f"sample/{f}" for f in os.listdir(os.path.join(R, "sample"))
+                  if re.fullmatch(r"bench-sample(-rep\d+)?\.json", f))
+
+
 def t_decode():
-    rows = json.load(open(os.path.join(R, "sample/bench-sample.json")))["rows"]
-    by = {(r["model"], r["context"], r["batch"], r["mode"]): r["tok_s"] for r in rows}
-    return table(["model", "context", "batch", "eager", "graph (sample.py's default on CUDA)"],
-                 [[pe, str(c), str(b)] + [f"{by[pe, c, b, m]:,.0f}" for m in ("eager", "graph")]
-                  for c in (1024, 8192) for b in (1, 8) for pe in ("pope", "rope")])
+    """Decoding tok/s over every bench.py sample run: medians, and graphed PoPE against RoPE paired by run."""
+    runs = [{(r["model"], r["context"], r["batch"], r["mode"]): r["tok_s"]
+             for r in json.load(open(os.path.join(R, f)))["rows"]} for f in sample_files()]
+    rows = []
+    for c in (1024, 8192):
+        for b in (1, 8):
+            med = lambda pe, m: f"{statistics.median(r[pe, c, b, m] for r in runs):,.0f}"  # noqa: E731
+            graph = [{i: r[pe, c, b, "graph"] for i, r in enumerate(runs)} for pe in ("pope", "rope")]
+            rows.append([str(c), str(b), med("pope", "eager"), med("rope", "eager"), med("pope", "graph"),
+                         med("rope", "graph"), *pair_cells(*graph, 0)])
+    return table(["context", "batch", "eager PoPE", "eager RoPE", "graph PoPE", "graph RoPE",
+                  "runs", "graph PoPE − RoPE, mean", "95% interval", "paired t p",
+                  "PoPE faster / slower / tie (sign p)"], rows)
 
 
 def t_memory():
