@@ -697,7 +697,7 @@ def t_speed_provenance():
     """Where each §5 file comes from: its header, as bench.py (results/setup.sh for the tests) wrote it."""
     rows = []
     for f in ["kernel/bench-kernel.json", *(f"kernel/{n}.json" for n in STEPS), *ab_files(),
-              *sample_files()]:
+              "kernel/determinism.json", *sample_files()]:
         h = json.load(open(os.path.join(R, f)))["header"]
         dirty = {False: "no", True: "yes"}.get(h["dirty"], h["dirty"])  # bench.py before 2026-12-04: a bool
         rows.append([f"`{f}`", h["commit"][:7], dirty, h["date"], h["gpu"], h["torch"],
@@ -736,6 +736,23 @@ def t_kernel_vs_torch():
     return table(["batch × context", "kernel ms/step", "PyTorch path ms/step", "kernel ÷ PyTorch path", "pairs",
                   "mean kernel − PyTorch, ms", "95% interval", "paired t p",
                   "kernel slower / faster / tie (sign p)"], rows)
+
+
+def t_determinism():
+    """results/kernel/determinism.json: bitwise reruns and graphed attention ms of both PoPE paths, as PyTorch
+    runs by default and under torch.use_deterministic_algorithms(True); the 124M step under the latter."""
+    d = json.load(open(os.path.join(R, "kernel/determinism.json")))
+    att = {(r["path"], r["block_size"], r["deterministic"]): r for r in d["attention"]}
+    step = {(r["path"], r["block_size"]): r["ms"] for r in d["step"]}
+    rows = []
+    for T in (1024, 4096, 16384):
+        for path in ("pope-kernel", "pope-torch"):
+            a, b = att[path, T, False], att[path, T, True]
+            rows.append([f"{a['batch']} × {T}", path, f"{a['runs_differing']} of 4", f"{a['graph_ms']:.2f}",
+                         f"{b['runs_differing']} of 4", f"{b['graph_ms']:.2f}", f"{step[path, T]:.2f}",
+                         f"{step[path, T] / step['pope-kernel', T]:.3f}"])
+    return table(["batch × context", "path", "reruns not bitwise equal", "attention ms", "deterministic: reruns "
+                  "not bitwise equal", "attention ms", "124M step ms", "÷ kernel's"], rows)
 
 
 def t_qkv_forms():
@@ -797,8 +814,8 @@ def t_memory():
 TABLES = {f.__name__[2:]: f for f in (
     t_ii_floor, t_ii_paired, t_ii_variants, t_ii_takeoff, t_ii_takeoff_sign, t_ii_repeats, t_ii_shift_curve,
     t_tasks, t_tasks_paired, t_lm_rise, t_lm_seeds, t_lm_paired, t_speed_provenance, t_kernel,
-    t_kernel_profile, t_train_step, t_kernel_vs_torch, t_qkv_forms, t_train_small, t_decode, t_memory,
-    t_delta_toy, t_delta_lm, t_freq_ii, t_freq_lm)}
+    t_kernel_profile, t_train_step, t_kernel_vs_torch, t_determinism, t_qkv_forms, t_train_small, t_decode,
+    t_memory, t_delta_toy, t_delta_lm, t_freq_ii, t_freq_lm)}
 TABLES.update(ii_target=lambda: t_ii("target", ["94.82 ± 2.91%", "11.16 ± 2.45%", ""]),
               ii_all=lambda: t_ii("all"),
               lm_ppl=lambda: extrapolation_tables(EXTRA, LM_GROUPS)[2],
