@@ -119,9 +119,10 @@ def use_pope_kernel(attn_impl, q, k, v, delta, *, compiled=None, decoding=False)
     if attn_impl == "auto" and not q.is_cuda:
         return False, f"attn_impl='auto' on {q.device.type}; the kernels run on CUDA"
     # Until the kernel wins there (results/kernel/train-*: H200, 124M, bf16, 32k tokens; ms/step, PyTorch vs
-    # kernel, torch.compile: 1k 77.05 vs 76.38, 4k 99.74 vs 100.38, 16k 186.03 vs 195.60; ab-heads-*: 1k a tie)
-    compiled = torch.compiler.is_compiling() if compiled is None else compiled
-    if attn_impl == "auto" and compiled and not decoding and q.size(2) > 1024:
+    # kernel, torch.compile: 1k 77.05 vs 76.38, 4k 99.74 vs 100.38, 16k 186.03 vs 195.60; ab-heads-*: 1k a tie),
+    # unless deterministic: SDPA's deterministic kernels are far slower (results/kernel/determinism.json)
+    if attn_impl == "auto" and (torch.compiler.is_compiling() if compiled is None else compiled) and \
+            not decoding and q.size(2) > 1024 and not torch.are_deterministic_algorithms_enabled():
         return False, "attn_impl='auto', torch.compile, over 1024 tokens: the PyTorch path, as fast or faster"
     why = KERNEL_MISSING if pope_kernel is None else pope_kernel.decode_unsupported_reason(k, v) if decoding \
         else pope_kernel.kernel_unsupported_reason(q, k, v, delta)
@@ -276,8 +277,7 @@ class GPT(nn.Module):
         shape = (1, cfg.n_head, T or cfg.block_size, cfg.n_embd // cfg.n_head)  # (one number, expanded)
         q = torch.zeros((), device=device or self.lm_head.weight.device,
                         dtype=self.cache_dtype() if decoding else None).expand(shape)
-        kernel, why = use_pope_kernel(cfg.attn_impl, q, q, q, q[0, :, 0], compiled=compiled,
-                                      decoding=decoding)
+        kernel, why = use_pope_kernel(cfg.attn_impl, q, q, q, q[0, :, 0], compiled=compiled, decoding=decoding)
         return f"pope: {'the kernel of pope_kernel.py' if kernel else 'the PyTorch path of model.py'} ({why})"
 
     def cache_dtype(self):  # generate()'s KV cache: in the attention's dtype
