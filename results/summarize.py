@@ -688,16 +688,22 @@ def t_kernel_profile():
 STEPS = ("train-1024-b16", "train-1024", "train-4096", "train-16384")  # bench.py train's files in §5
 
 
+def raw_files(folder, pattern):  # results/folder's files whose names match pattern, sorted
+    return sorted(f"{folder}/{f}" for f in os.listdir(os.path.join(R, folder)) if re.fullmatch(pattern, f))
+
+
 def ab_files(T=r"\d+"):  # the interleaved kernel / PyTorch path A/Bs of §5 (at context T)
-    return sorted(f"kernel/{f}" for f in os.listdir(os.path.join(R, "kernel"))
-                  if re.fullmatch(rf"ab-heads-interleaved-{T}(-rep\d*)?\.json", f))
+    return raw_files("kernel", rf"ab-heads-interleaved-{T}(-rep\d*)?\.json")
+
+
+SAMPLES = r"bench-sample(-rep\d+)?\.json"  # bench.py sample's runs (§5's decoding table pairs them by run)
 
 
 def t_speed_provenance():
     """Where each §5 file comes from: its header, as bench.py (results/setup.sh for the tests) wrote it."""
     rows = []
     for f in ["kernel/bench-kernel.json", *(f"kernel/{n}.json" for n in STEPS), *ab_files(),
-              "kernel/determinism.json", *sample_files()]:
+              "kernel/determinism.json", *raw_files("sample", SAMPLES)]:
         h = json.load(open(os.path.join(R, f)))["header"]
         dirty = {False: "no", True: "yes"}.get(h["dirty"], h["dirty"])  # bench.py before 2026-12-04: a bool
         rows.append([f"`{f}`", h["commit"][:7], dirty, h["date"], h["gpu"], h["torch"],
@@ -782,15 +788,10 @@ def t_train_small():
     return table(["model, step as", "median ms/step, steps 100-350", "ms/step at step 350"], rows)
 
 
-def sample_files():  # bench.py sample's runs (§5's decoding table pairs them by run)
-    return sorted(f"sample/{f}" for f in os.listdir(os.path.join(R, "sample"))
-                  if re.fullmatch(r"bench-sample(-rep\d+)?\.json", f))
-
-
 def t_decode():
     """Decoding tok/s over every bench.py sample run: medians, and graphed PoPE against RoPE paired by run."""
     runs = [{(r["model"], r["context"], r["batch"], r["mode"]): r["tok_s"]
-             for r in json.load(open(os.path.join(R, f)))["rows"]} for f in sample_files()]
+             for r in json.load(open(os.path.join(R, f)))["rows"]} for f in raw_files("sample", SAMPLES)]
     rows = []
     for c in (1024, 8192):
         for b in (1, 8):
