@@ -2,12 +2,13 @@
 PoPE's PyTorch path, whose backward is cuDNN's SDPA. Is that path deterministic, and what does it cost made so?
 
     python results/kernel/determinism.py --json results/kernel/determinism.json [--steps 16384,4096,1024]
+    python results/kernel/determinism.py --json results/kernel/determinism-rope.json --paths rope --steps ...
 
 Attention alone, at the 124M step's shapes (12 heads, D=64, bf16, 32k tokens): each path's forward+backward 5
 times on the same inputs, the gradients compared bitwise with the first run's; the graphed forward+backward's
 median ms (bench.graph_ms) and its longest kernels; first as PyTorch runs by default, then under
-torch.use_deterministic_algorithms(True). Then, for each T of --steps, bench.train's 124M compiled step of both
-paths under torch.use_deterministic_algorithms(True) (the default's: results/kernel/train-T.json).
+torch.use_deterministic_algorithms(True). Then, for each T of --steps, bench.train's 124M compiled step of
+--paths under torch.use_deterministic_algorithms(True) (the default's: results/kernel/train-T.json).
 """
 import argparse
 import json
@@ -55,11 +56,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", required=True)
     ap.add_argument("--steps", default="16384", help="comma-separated contexts T of the 124M step, or ''")
+    ap.add_argument("--paths", default="pope-kernel,pope-torch", help="the step's, as bench.py train --paths")
     a = ap.parse_args()
     out = dict(header=bench.header(), attention=attention(False) + attention(True), step=[])
     torch.use_deterministic_algorithms(True)
     for T in [int(t) for t in a.steps.split(",") if t]:
-        out["step"] += [dict(r, deterministic=True) for r in bench.train(T, paths=("pope-kernel", "pope-torch"))]
+        out["step"] += [dict(r, deterministic=True) for r in bench.train(T, paths=a.paths.split(","))]
     with open(a.json + ".tmp", "w") as f:
         json.dump(out, f, indent=1)
     os.replace(a.json + ".tmp", a.json)
