@@ -1,5 +1,5 @@
-"""Issue 44 compares the kernel, whose gradients are bitwise deterministic (no atomics: dq has its own kernel), with
-PoPE's PyTorch path, whose backward is cuDNN's SDPA. Is that path deterministic, and what does it cost made so?
+"""Issue 44 compares the kernel, whose gradients are bitwise deterministic (no atomics: dq has its own kernel),
+with PoPE's PyTorch path, whose backward is cuDNN's SDPA. Is that path deterministic; what does it cost made so?
 
     python results/kernel/determinism.py --json results/kernel/determinism.json [--steps 16384,4096,1024]
     python results/kernel/determinism.py --json results/kernel/determinism-rope.json --paths rope --steps ...
