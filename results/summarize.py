@@ -703,7 +703,8 @@ def t_speed_provenance():
     """Where each §5 file comes from: its header, as bench.py (results/setup.sh for the tests) wrote it."""
     rows = []
     for f in ["kernel/bench-kernel.json", *(f"kernel/{n}.json" for n in STEPS), *ab_files(),
-              "kernel/determinism.json", *raw_files("sample", SAMPLES)]:
+              *raw_files("kernel", r"determinism(-rope)?\.json"),
+              *raw_files("sample", SAMPLES)]:
         h = json.load(open(os.path.join(R, f)))["header"]
         dirty = {False: "no", True: "yes"}.get(h["dirty"], h["dirty"])  # bench.py before 2026-12-04: a bool
         rows.append([f"`{f}`", h["commit"][:7], dirty, h["date"], h["gpu"], h["torch"],
@@ -745,20 +746,24 @@ def t_kernel_vs_torch():
 
 
 def t_determinism():
-    """results/kernel/determinism.json: bitwise reruns and graphed attention ms of both PoPE paths, as PyTorch
-    runs by default and under torch.use_deterministic_algorithms(True); the 124M step under the latter."""
-    d = json.load(open(os.path.join(R, "kernel/determinism.json")))
-    att = {(r["path"], r["block_size"], r["deterministic"]): r for r in d["attention"]}
-    step = {(r["path"], r["block_size"]): r["ms"] for r in d["step"]}
+    """results/kernel/determinism*.json: bitwise reruns and graphed attention ms of both PoPE paths (summed and
+    averaged over the files), as PyTorch runs by default and under torch.use_deterministic_algorithms(True);
+    the 124M step of each file's paths under the latter."""
+    ds = [json.load(open(os.path.join(R, f))) for f in raw_files("kernel", r"determinism(-rope)?\.json")]
+    att, step = {}, {(r["path"], r["block_size"]): r["ms"] for d in ds for r in d["step"]}
+    for r in (r for d in ds for r in d["attention"]):
+        att.setdefault((r["path"], r["block_size"], r["deterministic"]), []).append(r)
     rows = []
     for T in (1024, 4096, 16384):
-        for path in ("pope-kernel", "pope-torch"):
-            a, b = att[path, T, False], att[path, T, True]
-            rows.append([f"{a['batch']} × {T}", path, f"{a['runs_differing']} of 4", f"{a['graph_ms']:.2f}",
-                         f"{b['runs_differing']} of 4", f"{b['graph_ms']:.2f}", f"{step[path, T]:.2f}",
-                         f"{step[path, T] / step['pope-kernel', T]:.3f}"])
+        for path in ("rope", "pope-kernel", "pope-torch"):
+            cells = []
+            for rs in (att.get((path, T, det), []) for det in (False, True)):
+                cells += [f"{sum(r['runs_differing'] for r in rs)} of {4 * len(rs)}",
+                          f"{statistics.mean(r['graph_ms'] for r in rs):.2f}"] if rs else ["", ""]
+            rows.append([f"{32768 // T} × {T}", path, *cells, f"{step[path, T]:.2f}",
+                         f"{step['pope-kernel', T] / step[path, T]:.3f}"])
     return table(["batch × context", "path", "reruns not bitwise equal", "attention ms", "deterministic: reruns "
-                  "not bitwise equal", "attention ms", "124M step ms", "÷ kernel's"], rows)
+                  "not bitwise equal", "attention ms", "124M step ms", "kernel ÷ this path"], rows)
 
 
 def t_qkv_forms():
