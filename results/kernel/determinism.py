@@ -3,6 +3,7 @@ with PoPE's PyTorch path, whose backward is cuDNN's SDPA. Is that path determini
 
     python results/kernel/determinism.py --json results/kernel/determinism.json [--steps 16384,4096,1024]
     python results/kernel/determinism.py --json results/kernel/determinism-rope.json --paths rope --steps ...
+    python results/kernel/determinism.py --json F --no_attention --paths rope,pope-kernel,rope,pope-kernel (A/B)
 
 Attention alone, at the 124M step's shapes (12 heads, D=64, bf16, 32k tokens): each path's forward+backward 5
 times on the same inputs, the gradients compared bitwise with the first run's; the graphed forward+backward's
@@ -57,8 +58,10 @@ if __name__ == "__main__":
     ap.add_argument("--json", required=True)
     ap.add_argument("--steps", default="16384", help="comma-separated contexts T of the 124M step, or ''")
     ap.add_argument("--paths", default="pope-kernel,pope-torch", help="the step's, as bench.py train --paths")
+    ap.add_argument("--no_attention", action="store_true", help="the steps alone")
     a = ap.parse_args()
-    out = dict(header=bench.header(), attention=attention(False) + attention(True), step=[])
+    out = dict(header=bench.header(), step=[],
+               attention=[] if a.no_attention else attention(False) + attention(True))
     torch.use_deterministic_algorithms(True)
     for T in [int(t) for t in a.steps.split(",") if t]:
         out["step"] += [dict(r, deterministic=True) for r in bench.train(T, paths=a.paths.split(","))]
