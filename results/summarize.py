@@ -703,7 +703,7 @@ def t_speed_provenance():
     """Where each §5 file comes from: its header, as bench.py (results/setup.sh for the tests) wrote it."""
     rows = []
     for f in ["kernel/bench-kernel.json", *(f"kernel/{n}.json" for n in STEPS), *ab_files(),
-              *raw_files("kernel", r"determinism(-rope)?\.json"),
+              *raw_files("kernel", r"determinism(-rope)?\.json|det-ab-\d+\.json"),
               *raw_files("sample", SAMPLES)]:
         h = json.load(open(os.path.join(R, f)))["header"]
         dirty = {False: "no", True: "yes"}.get(h["dirty"], h["dirty"])  # bench.py before 2026-12-04: a bool
@@ -766,6 +766,18 @@ def t_determinism():
                   "not bitwise equal", "attention ms", "124M step ms", "kernel ÷ this path"], rows)
 
 
+def t_determinism_ab():
+    """results/kernel/det-ab-T.json: RoPE and the kernel in turn, each step under deterministic algorithms."""
+    rows = []
+    for f in raw_files("kernel", r"det-ab-\d+\.json"):
+        rs = json.load(open(os.path.join(R, f)))["step"]
+        for i, (a, b) in enumerate(zip(rs[::2], rs[1::2])):
+            assert (a["path"], b["path"]) == ("rope", "pope-kernel"), f
+            rows.append([f"{a['batch']} × {a['block_size']}", str(i + 1), f"{a['ms']:.2f}", f"{b['ms']:.2f}",
+                         f"{b['ms'] / a['ms']:.3f}"])
+    return table(["batch × context", "pair", "RoPE ms/step", "kernel ms/step", "kernel ÷ RoPE"], rows)
+
+
 def t_qkv_forms():
     """results/kernel/qkv-forms: per way of making q, k, v from c_attn's output, tests/test_gpu.py's compiled
     vs eager gradient test (its largest relative error, PoPE; it stops at the first model that fails) and
@@ -820,8 +832,8 @@ def t_memory():
 TABLES = {f.__name__[2:]: f for f in (
     t_ii_floor, t_ii_paired, t_ii_variants, t_ii_takeoff, t_ii_takeoff_sign, t_ii_repeats, t_ii_shift_curve,
     t_tasks, t_tasks_paired, t_lm_rise, t_lm_seeds, t_lm_paired, t_speed_provenance, t_kernel,
-    t_kernel_profile, t_train_step, t_kernel_vs_torch, t_determinism, t_qkv_forms, t_train_small, t_decode,
-    t_memory, t_delta_toy, t_delta_lm, t_freq_ii, t_freq_lm)}
+    t_kernel_profile, t_train_step, t_kernel_vs_torch, t_determinism, t_determinism_ab, t_qkv_forms,
+    t_train_small, t_decode, t_memory, t_delta_toy, t_delta_lm, t_freq_ii, t_freq_lm)}
 TABLES.update(ii_target=lambda: t_ii("target", ["94.82 ± 2.91%", "11.16 ± 2.45%", ""]),
               ii_all=lambda: t_ii("all"),
               lm_ppl=lambda: extrapolation_tables(EXTRA, LM_GROUPS)[2],
