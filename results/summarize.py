@@ -767,15 +767,18 @@ def t_determinism():
 
 
 def t_determinism_ab():
-    """results/kernel/det-ab-T.json: RoPE and the kernel in turn, each step under deterministic algorithms."""
+    """results/kernel/det-ab-T.json: paths in turn (each order repeated), every step under deterministic
+    algorithms; each turn's kernel against each path of the same turn."""
     rows = []
     for f in raw_files("kernel", r"det-ab-\d+\.json"):
         rs = json.load(open(os.path.join(R, f)))["step"]
-        for i, (a, b) in enumerate(zip(rs[::2], rs[1::2])):
-            assert (a["path"], b["path"]) == ("rope", "pope-kernel"), f
-            rows.append([f"{a['batch']} × {a['block_size']}", str(i + 1), f"{a['ms']:.2f}", f"{b['ms']:.2f}",
-                         f"{b['ms'] / a['ms']:.3f}"])
-    return table(["batch × context", "pair", "RoPE ms/step", "kernel ms/step", "kernel ÷ RoPE"], rows)
+        n = len({r["path"] for r in rs})
+        for i in range(0, len(rs), n):
+            ms = {r["path"]: r["ms"] for r in rs[i:i + n]}
+            rows += [[f"{r['batch']} × {r['block_size']}", str(i // n + 1), r["path"], f"{r['ms']:.2f}",
+                      f"{ms['pope-kernel']:.2f}", f"{ms['pope-kernel'] / r['ms']:.3f}"]
+                     for r in rs[i:i + n] if r["path"] != "pope-kernel"]
+    return table(["batch × context", "turn", "path", "ms/step", "kernel ms/step", "kernel ÷ this path"], rows)
 
 
 def t_qkv_forms():
