@@ -697,13 +697,14 @@ def ab_files(T=r"\d+"):  # the interleaved kernel / PyTorch path A/Bs of §5 (at
 
 
 SAMPLES = r"bench-sample(-rep\d+)?\.json"  # bench.py sample's runs (§5's decoding table pairs them by run)
+DETERMINISM, DET_AB = r"determinism(-rope)?\.json", r"det-ab-\d+\.json"  # results/kernel/determinism.py's
 
 
 def t_speed_provenance():
     """Where each §5 file comes from: its header, as bench.py (results/setup.sh for the tests) wrote it."""
     rows = []
     for f in ["kernel/bench-kernel.json", *(f"kernel/{n}.json" for n in STEPS), *ab_files(),
-              *raw_files("kernel", r"determinism(-rope)?\.json|det-ab-\d+\.json"),
+              *raw_files("kernel", f"{DETERMINISM}|{DET_AB}"),
               *raw_files("sample", SAMPLES)]:
         h = json.load(open(os.path.join(R, f)))["header"]
         dirty = {False: "no", True: "yes"}.get(h["dirty"], h["dirty"])  # bench.py before 2026-12-04: a bool
@@ -749,7 +750,7 @@ def t_determinism():
     """results/kernel/determinism*.json: bitwise reruns and graphed attention ms of both PoPE paths (summed and
     averaged over the files), as PyTorch runs by default and under torch.use_deterministic_algorithms(True);
     the 124M step of each file's paths under the latter."""
-    ds = [json.load(open(os.path.join(R, f))) for f in raw_files("kernel", r"determinism(-rope)?\.json")]
+    ds = [json.load(open(os.path.join(R, f))) for f in raw_files("kernel", DETERMINISM)]
     att, step = {}, {(r["path"], r["block_size"]): r["ms"] for d in ds for r in d["step"]}
     for r in (r for d in ds for r in d["attention"]):
         att.setdefault((r["path"], r["block_size"], r["deterministic"]), []).append(r)
@@ -770,7 +771,7 @@ def t_determinism_ab():
     """results/kernel/det-ab-T.json: paths in turn (each order repeated), every step under deterministic
     algorithms; each turn's kernel against each path of the same turn."""
     rows = []
-    for f in raw_files("kernel", r"det-ab-\d+\.json"):
+    for f in raw_files("kernel", DET_AB):
         rs = json.load(open(os.path.join(R, f)))["step"]
         n = len({r["path"] for r in rs})
         for i in range(0, len(rs), n):
