@@ -697,7 +697,7 @@ def ab_files(T=r"\d+"):  # the interleaved kernel / PyTorch path A/Bs of §5 (at
 
 
 SAMPLES = r"bench-sample(-rep\d+)?\.json"  # bench.py sample's runs (§5's decoding table pairs them by run)
-DETERMINISM, DET_AB = r"determinism(-rope)?\.json", r"det-ab-\d+\.json"  # results/kernel/determinism.py's
+DETERMINISM, DET_AB = r"determinism(-rope)?\.json", r"det-ab-\d+(-rep\d+)?\.json"  # results/kernel/determinism.py's
 
 
 def t_speed_provenance():
@@ -728,22 +728,24 @@ def t_train_step():
                  rows)
 
 
-def t_kernel_vs_torch():
-    """PoPE's kernel against its PyTorch path in the 124M compiled step at 32k tokens, over every run of both:
-    train-T.json and the interleaved A/Bs (ab-heads-interleaved-T*.json), paired as run in one process."""
+def t_kernel_pairs():
+    """PoPE's kernel against its PyTorch path and RoPE in the 124M compiled step at 32k tokens, over every run:
+    train-T.json and the interleaved A/Bs (ab-heads-interleaved-T*.json), the i-th run of each path in a file
+    paired as run in one process."""
     rows = []
     for T in (1024, 4096, 16384):
-        k, t = [], []
-        for f in [f"kernel/train-{T}.json", *ab_files(T)]:
-            rs = json.load(open(os.path.join(R, f)))["rows"]
-            k += [r["ms"] for r in rs if r["path"] == "pope-kernel"]
-            t += [r["ms"] for r in rs if r["path"] == "pope-torch"]
-        km, tm = statistics.mean(k), statistics.mean(t)
-        rows.append([f"{32768 // T} × {T}", f"{km:.2f}", f"{tm:.2f}", f"{km / tm:.3f}",
-                     *pair_cells(dict(enumerate(k)), dict(enumerate(t)), 2)])
-    return table(["batch × context", "kernel ms/step", "PyTorch path ms/step", "kernel ÷ PyTorch path", "pairs",
-                  "mean kernel − PyTorch, ms", "95% interval", "paired t p",
-                  "kernel slower / faster / tie (sign p)"], rows)
+        for other in ("pope-torch", "rope"):
+            pairs = []
+            for f in [f"kernel/train-{T}.json", *ab_files(T)]:
+                rs = json.load(open(os.path.join(R, f)))["rows"]
+                pairs += zip(*([r["ms"] for r in rs if r["path"] == p] for p in ("pope-kernel", other)))
+            k, o = zip(*pairs)
+            rows.append([f"{32768 // T} × {T}", other, f"{statistics.mean(k):.2f}", f"{statistics.mean(o):.2f}",
+                         f"{statistics.mean(k) / statistics.mean(o):.3f}",
+                         *pair_cells(dict(enumerate(k)), dict(enumerate(o)), 2)])
+    return table(["batch × context", "against", "kernel ms/step", "its ms/step", "kernel ÷ it", "pairs",
+                  "mean kernel − it, ms", "95% interval", "paired t p", "kernel slower / faster / tie (sign p)"],
+                 rows)
 
 
 def t_determinism():
@@ -768,18 +770,21 @@ def t_determinism():
 
 
 def t_determinism_ab():
-    """results/kernel/det-ab-T.json: paths in turn (each order repeated), every step under deterministic
-    algorithms; each turn's kernel against each path of the same turn."""
-    rows = []
+    """results/kernel/det-ab-T*.json: paths in turn (each order repeated), every step under deterministic
+    algorithms; each turn's kernel against each other path of the same turn, over every file."""
+    turns = {}  # (T, path) -> [(path ms, kernel ms)]
     for f in raw_files("kernel", DET_AB):
         rs = json.load(open(os.path.join(R, f)))["step"]
         n = len({r["path"] for r in rs})
         for i in range(0, len(rs), n):
             ms = {r["path"]: r["ms"] for r in rs[i:i + n]}
-            rows += [[f"{r['batch']} × {r['block_size']}", str(i // n + 1), r["path"], f"{r['ms']:.2f}",
-                      f"{ms['pope-kernel']:.2f}", f"{ms['pope-kernel'] / r['ms']:.3f}"]
-                     for r in rs[i:i + n] if r["path"] != "pope-kernel"]
-    return table(["batch × context", "turn", "path", "ms/step", "kernel ms/step", "kernel ÷ this path"], rows)
+            for path in ms.keys() - {"pope-kernel"}:
+                turns.setdefault((rs[i]["block_size"], path), []).append((ms[path], ms["pope-kernel"]))
+    rows = [[f"{32768 // T} × {T}", path, str(len(ts)), f"{statistics.mean(a for a, _ in ts):.2f}",
+             f"{statistics.mean(b for _, b in ts):.2f}", ", ".join(f"{b / a:.3f}" for a, b in ts)]
+            for (T, path), ts in sorted(turns.items(), key=lambda kv: (kv[0][0], kv[0][1] != "rope"))]
+    return table(["batch × context", "path", "turns", "ms/step", "kernel ms/step", "kernel ÷ this path, "
+                  "each turn"], rows)
 
 
 def t_qkv_forms():
@@ -836,7 +841,7 @@ def t_memory():
 TABLES = {f.__name__[2:]: f for f in (
     t_ii_floor, t_ii_paired, t_ii_variants, t_ii_takeoff, t_ii_takeoff_sign, t_ii_repeats, t_ii_shift_curve,
     t_tasks, t_tasks_paired, t_lm_rise, t_lm_seeds, t_lm_paired, t_speed_provenance, t_kernel,
-    t_kernel_profile, t_train_step, t_kernel_vs_torch, t_determinism, t_determinism_ab, t_qkv_forms,
+    t_kernel_profile, t_train_step, t_kernel_pairs, t_determinism, t_determinism_ab, t_qkv_forms,
     t_train_small, t_decode, t_memory, t_delta_toy, t_delta_lm, t_freq_ii, t_freq_lm)}
 TABLES.update(ii_target=lambda: t_ii("target", ["94.82 ± 2.91%", "11.16 ± 2.45%", ""]),
               ii_all=lambda: t_ii("all"),
