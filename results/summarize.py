@@ -692,12 +692,12 @@ def raw_files(folder, pattern):  # results/folder's files whose names match patt
     return sorted(f"{folder}/{f}" for f in os.listdir(os.path.join(R, folder)) if re.fullmatch(pattern, f))
 
 
-def ab_files(T=r"\d+"):  # the interleaved kernel / PyTorch path A/Bs of §5 (at context T)
+def ab_files(T=r"\d+"):  # §5's interleaved A/Bs of the kernel and other paths (at context T)
     return raw_files("kernel", rf"ab-heads-interleaved-{T}(-rep\d*)?\.json")
 
 
 SAMPLES = r"bench-sample(-rep\d+)?\.json"  # bench.py sample's runs (§5's decoding table pairs them by run)
-DETERMINISM, DET_AB = r"determinism(-rope)?\.json", r"det-ab-\d+(-rep\d+)?\.json"  # results/kernel/determinism.py's
+DETERMINISM, DET_AB = r"determinism(-rope)?\.json", r"det-ab-\d+(-rep\d+)?\.json"  # determinism.py's
 
 
 def t_speed_provenance():
@@ -744,8 +744,8 @@ def t_kernel_pairs():
                          f"{statistics.mean(k) / statistics.mean(o):.3f}",
                          *pair_cells(dict(enumerate(k)), dict(enumerate(o)), 2)])
     return table(["batch × context", "against", "kernel ms/step", "its ms/step", "kernel ÷ it", "pairs",
-                  "mean kernel − it, ms", "95% interval", "paired t p", "kernel slower / faster / tie (sign p)"],
-                 rows)
+                  "mean kernel − it, ms", "95% interval", "paired t p",
+                  "kernel slower / faster / tie (sign p)"], rows)
 
 
 def t_determinism():
@@ -765,8 +765,9 @@ def t_determinism():
                           f"{statistics.mean(r['graph_ms'] for r in rs):.2f}"] if rs else ["", ""]
             rows.append([f"{32768 // T} × {T}", path, *cells, f"{step[path, T]:.2f}",
                          f"{step['pope-kernel', T] / step[path, T]:.3f}"])
-    return table(["batch × context", "path", "reruns not bitwise equal", "attention ms", "deterministic: reruns "
-                  "not bitwise equal", "attention ms", "124M step ms", "kernel ÷ this path"], rows)
+    return table(["batch × context", "path", "reruns not bitwise equal", "attention ms",
+                  "deterministic: reruns not bitwise equal", "attention ms", "124M step ms", "kernel ÷ this path"],
+                 rows)
 
 
 def t_determinism_ab():
