@@ -692,8 +692,8 @@ def raw_files(folder, pattern):  # results/folder's files whose names match patt
     return sorted(f"{folder}/{f}" for f in os.listdir(os.path.join(R, folder)) if re.fullmatch(pattern, f))
 
 
-def ab_files(T=r"\d+"):  # §5's interleaved A/Bs of the kernel and other paths (at context T)
-    return raw_files("kernel", rf"ab-heads-interleaved-{T}(-rep\d*)?\.json")
+def ab_files():  # §5's interleaved A/Bs of the kernel and other paths (ab-b16: batch 16, not 32)
+    return raw_files("kernel", r"ab-(heads-interleaved|b16)-\d+(-rep\d*)?\.json")
 
 
 SAMPLES = r"bench-sample(-rep\d+)?\.json"  # bench.py sample's runs (§5's decoding table pairs them by run)
@@ -729,20 +729,20 @@ def t_train_step():
 
 
 def t_kernel_pairs():
-    """PoPE's kernel against its PyTorch path and RoPE in the 124M compiled step at 32k tokens, over every run:
-    train-T.json and the interleaved A/Bs (ab-heads-interleaved-T*.json), the i-th run of each path in a file
-    paired as run in one process."""
-    rows = []
-    for T in (1024, 4096, 16384):
+    """PoPE's kernel against its PyTorch path and RoPE in the 124M compiled step, over every run: the step
+    table's files and the interleaved A/Bs, the i-th run of each path in a file paired as run in one process."""
+    pairs = {}  # (T, batch, other path) -> [(kernel ms, its ms)]
+    for f in [*(f"kernel/{n}.json" for n in STEPS), *ab_files()]:
+        rs = json.load(open(os.path.join(R, f)))["rows"]
         for other in ("pope-torch", "rope"):
-            pairs = []
-            for f in [f"kernel/train-{T}.json", *ab_files(T)]:
-                rs = json.load(open(os.path.join(R, f)))["rows"]
-                pairs += zip(*([r["ms"] for r in rs if r["path"] == p] for p in ("pope-kernel", other)))
-            k, o = zip(*pairs)
-            rows.append([f"{32768 // T} × {T}", other, f"{statistics.mean(k):.2f}", f"{statistics.mean(o):.2f}",
-                         f"{statistics.mean(k) / statistics.mean(o):.3f}",
-                         *pair_cells(dict(enumerate(k)), dict(enumerate(o)), 2)])
+            pairs.setdefault((rs[0]["block_size"], rs[0]["batch"], other), []).extend(
+                zip(*([r["ms"] for r in rs if r["path"] == p] for p in ("pope-kernel", other))))
+    rows = []
+    for (T, B, other), ps in sorted(pairs.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] == "rope")):
+        k, o = zip(*ps)
+        rows.append([f"{B} × {T}", other, f"{statistics.mean(k):.2f}", f"{statistics.mean(o):.2f}",
+                     f"{statistics.mean(k) / statistics.mean(o):.3f}",
+                     *pair_cells(dict(enumerate(k)), dict(enumerate(o)), 2)])
     return table(["batch × context", "against", "kernel ms/step", "its ms/step", "kernel ÷ it", "pairs",
                   "mean kernel − it, ms", "95% interval", "paired t p",
                   "kernel slower / faster / tie (sign p)"], rows)
@@ -766,8 +766,8 @@ def t_determinism():
             rows.append([f"{32768 // T} × {T}", path, *cells, f"{step[path, T]:.2f}",
                          f"{step['pope-kernel', T] / step[path, T]:.3f}"])
     return table(["batch × context", "path", "reruns not bitwise equal", "attention ms",
-                  "deterministic: reruns not bitwise equal", "attention ms", "124M step ms", "kernel ÷ this path"],
-                 rows)
+                  "deterministic: reruns not bitwise equal", "attention ms", "124M step ms",
+                  "kernel ÷ this path"], rows)
 
 
 def t_determinism_ab():
