@@ -697,7 +697,7 @@ def ab_files():  # §5's interleaved A/Bs of the kernel and other paths (ab-b16:
 
 
 SAMPLES = r"bench-sample(-rep\d+)?\.json"  # bench.py sample's runs (§5's decoding table pairs them by run)
-DETERMINISM, DET_AB = r"determinism(-rope)?\.json", r"det-ab-\d+(-rep\d+)?\.json"  # determinism.py's
+DETERMINISM, DET_AB = r"determinism(-rope)?\.json", r"det-ab-(b16-)?\d+(-rep\d+)?\.json"  # determinism.py's
 
 
 def t_speed_provenance():
@@ -773,17 +773,18 @@ def t_determinism():
 def t_determinism_ab():
     """results/kernel/det-ab-T*.json: paths in turn (each order repeated), every step under deterministic
     algorithms; each turn's kernel against each other path of the same turn, over every file."""
-    turns = {}  # (T, path) -> [(path ms, kernel ms)]
+    turns = {}  # (T, batch, path) -> [(path ms, kernel ms)]
     for f in raw_files("kernel", DET_AB):
         rs = json.load(open(os.path.join(R, f)))["step"]
         n = len({r["path"] for r in rs})
         for i in range(0, len(rs), n):
             ms = {r["path"]: r["ms"] for r in rs[i:i + n]}
             for path in ms.keys() - {"pope-kernel"}:
-                turns.setdefault((rs[i]["block_size"], path), []).append((ms[path], ms["pope-kernel"]))
-    rows = [[f"{32768 // T} × {T}", path, str(len(ts)), f"{statistics.mean(a for a, _ in ts):.2f}",
+                turns.setdefault((rs[i]["block_size"], rs[i]["batch"], path), []).append(
+                    (ms[path], ms["pope-kernel"]))
+    rows = [[f"{B} × {T}", path, str(len(ts)), f"{statistics.mean(a for a, _ in ts):.2f}",
              f"{statistics.mean(b for _, b in ts):.2f}", ", ".join(f"{b / a:.3f}" for a, b in ts)]
-            for (T, path), ts in sorted(turns.items(), key=lambda kv: (kv[0][0], kv[0][1] != "rope"))]
+            for (T, B, path), ts in sorted(turns.items(), key=lambda kv: (*kv[0][:2], kv[0][2] != "rope"))]
     return table(["batch × context", "path", "turns", "ms/step", "kernel ms/step", "kernel ÷ this path, "
                   "each turn"], rows)
 

@@ -55,13 +55,14 @@ if __name__ == "__main__":
     ap.add_argument("--json", required=True)
     ap.add_argument("--steps", default="16384", help="comma-separated contexts T of the 124M step, or ''")
     ap.add_argument("--paths", default="pope-kernel,pope-torch", help="the step's, as bench.py train --paths")
+    ap.add_argument("--tokens", type=int, default=32768, help="tokens a step, as bench.py train --tokens")
     ap.add_argument("--no_attention", action="store_true", help="the steps alone")
     a = ap.parse_args()
     out = dict(header=bench.header(), step=[],
                attention=[] if a.no_attention else attention(False) + attention(True))
     torch.use_deterministic_algorithms(True)
     for T in [int(t) for t in a.steps.split(",") if t]:
-        out["step"] += [dict(r, deterministic=True) for r in bench.train(T, paths=a.paths.split(","))]
+        out["step"] += [dict(r, deterministic=True) for r in bench.train(T, a.tokens, paths=a.paths.split(","))]
     with open(a.json + ".tmp", "w") as f:
         json.dump(out, f, indent=1)
     os.replace(a.json + ".tmp", a.json)
