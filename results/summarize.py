@@ -728,17 +728,24 @@ def t_train_step():
                  rows)
 
 
-def t_kernel_pairs():
-    """PoPE's kernel against its PyTorch path and RoPE in the 124M compiled step, over every run: the step
-    table's files and the interleaved A/Bs, the i-th run of each path in a file paired as run in one process."""
-    pairs = {}  # (T, batch, other path) -> [(kernel ms, its ms)]
-    for f in [*(f"kernel/{n}.json" for n in STEPS), *ab_files()]:
-        rs = json.load(open(os.path.join(R, f)))["rows"]
-        for other in ("pope-torch", "rope"):
+def kernel_pairs(files, key, others):
+    """{(T, batch, other path): [(kernel ms, its ms)]} over the files' rows (under key), the i-th run of each
+    path in a file paired as run in one process (paths in turn); sorted by T, batch, path."""
+    pairs = {}
+    for f in files:
+        rs = json.load(open(os.path.join(R, f)))[key]
+        for other in others:
             pairs.setdefault((rs[0]["block_size"], rs[0]["batch"], other), []).extend(
                 zip(*([r["ms"] for r in rs if r["path"] == p] for p in ("pope-kernel", other))))
+    return dict(sorted((k, v) for k, v in pairs.items() if v))
+
+
+def t_kernel_pairs():
+    """PoPE's kernel against its PyTorch path and RoPE in the 124M compiled step, over every run: the step
+    table's files and the interleaved A/Bs."""
     rows = []
-    for (T, B, other), ps in sorted(pairs.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] == "rope")):
+    for (T, B, other), ps in kernel_pairs([*(f"kernel/{n}.json" for n in STEPS), *ab_files()], "rows",
+                                          ("rope", "pope-torch")).items():
         k, o = zip(*ps)
         rows.append([f"{B} × {T}", other, f"{statistics.mean(k):.2f}", f"{statistics.mean(o):.2f}",
                      f"{statistics.mean(k) / statistics.mean(o):.3f}",
@@ -771,20 +778,12 @@ def t_determinism():
 
 
 def t_determinism_ab():
-    """results/kernel/det-ab-T*.json: paths in turn (each order repeated), every step under deterministic
+    """results/kernel/det-ab-*.json: paths in turn (each order repeated), every step under deterministic
     algorithms; each turn's kernel against each other path of the same turn, over every file."""
-    turns = {}  # (T, batch, path) -> [(path ms, kernel ms)]
-    for f in raw_files("kernel", DET_AB):
-        rs = json.load(open(os.path.join(R, f)))["step"]
-        n = len({r["path"] for r in rs})
-        for i in range(0, len(rs), n):
-            ms = {r["path"]: r["ms"] for r in rs[i:i + n]}
-            for path in ms.keys() - {"pope-kernel"}:
-                turns.setdefault((rs[i]["block_size"], rs[i]["batch"], path), []).append(
-                    (ms[path], ms["pope-kernel"]))
-    rows = [[f"{B} × {T}", path, str(len(ts)), f"{statistics.mean(a for a, _ in ts):.2f}",
-             f"{statistics.mean(b for _, b in ts):.2f}", ", ".join(f"{b / a:.3f}" for a, b in ts)]
-            for (T, B, path), ts in sorted(turns.items(), key=lambda kv: (*kv[0][:2], kv[0][2] != "rope"))]
+    turns = kernel_pairs(raw_files("kernel", DET_AB), "step", ("rope", "pope-torch"))
+    rows = [[f"{B} × {T}", path, str(len(ts)), f"{statistics.mean(o for _, o in ts):.2f}",
+             f"{statistics.mean(k for k, _ in ts):.2f}", ", ".join(f"{k / o:.3f}" for k, o in ts)]
+            for (T, B, path), ts in turns.items()]
     return table(["batch × context", "path", "turns", "ms/step", "kernel ms/step", "kernel ÷ this path, "
                   "each turn"], rows)
 
