@@ -184,7 +184,8 @@ def train(block_size, tokens=32768, paths=("rope", "pope-kernel", "pope-torch"),
           timed_from=20):
     """One optimizer step of the 124M model on random tokens as train.py runs it (bf16 autocast,
     torch.compile, fused AdamW, grad clip), batch tokens // block_size; every iteration timed with CUDA
-    events, the median of iterations timed_from.. reported, with the peak memory allocated and reserved;
+    events, the median of iterations timed_from.. reported, with the peak memory allocated and reserved, and
+    each step's host time to enqueue it (host_ms: as long as its times_ms, the GPU waited on the host);
     profile: then the 15 CUDA kernels that take longest in 3 more steps (where a path's time goes)."""
     B = max(1, tokens // block_size)
     print(f"# 124M training step, batch {B} x {block_size}, compiled, bf16 autocast; median ms of iterations "
@@ -204,7 +205,7 @@ def train(block_size, tokens=32768, paths=("rope", "pope-kernel", "pope-torch"),
         x = torch.randint(0, 50257, (B, block_size), device="cuda",
                           generator=torch.Generator("cuda").manual_seed(0))
         torch.cuda.reset_peak_memory_stats()
-        times = []
+        times, host = [], []
 
         def step():
             with torch.autocast("cuda", torch.bfloat16):
@@ -216,16 +217,18 @@ def train(block_size, tokens=32768, paths=("rope", "pope-kernel", "pope-torch"),
             return loss
         for _ in range(iters):
             t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            h0 = time.perf_counter()
             t0.record()
             loss = step()
             t1.record()
+            host.append((time.perf_counter() - h0) * 1e3)
             t1.synchronize()
             times.append(t0.elapsed_time(t1))
         ms = statistics.median(times[timed_from:])
         tok_s = B * block_size / ms * 1e3
         rows.append(row(fmt, path=path, batch=B, block_size=block_size, ms=ms, tok_s=tok_s,
                         peak_alloc_gb=torch.cuda.max_memory_allocated() / 2**30, loss=loss.item(),
-                        peak_reserved_gb=torch.cuda.max_memory_reserved() / 2**30, times_ms=times))
+                        peak_reserved_gb=torch.cuda.max_memory_reserved() / 2**30, times_ms=times, host_ms=host))
         if profile:
             from torch.profiler import ProfilerActivity, profile as profiler
             with profiler(activities=[ProfilerActivity.CUDA]) as p:
