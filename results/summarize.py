@@ -788,6 +788,23 @@ def t_determinism_ab():
                   "each turn"], rows)
 
 
+def t_host_time():
+    """The step files with host_ms (bench.py train's since e88626b): each turn's median over the timed
+    iterations of the host's time to enqueue a step and of that time over the step's; near 1, the GPU waited."""
+    turns = {}
+    for f in [*ab_files(), *raw_files("kernel", DET_AB)]:
+        d = json.load(open(os.path.join(R, f)))
+        for r in (r for r in d.get("step") or d["rows"] if "host_ms" in r):
+            h, t = r["host_ms"][20:], r["times_ms"][20:]
+            turns.setdefault((r["block_size"], r["batch"], "step" in d, r["path"]), []).append(
+                (r["ms"], statistics.median(h), statistics.median(a / b for a, b in zip(h, t))))
+    return table(["batch × context", "algorithms", "path", "ms/step, each turn", "host ms/step",
+                  "host ÷ step"],
+                 [[f"{B} × {T}", "deterministic" if det else "default", path,
+                   *(", ".join(f"{x[i]:{fmt}}" for x in ts) for i, fmt in enumerate((".2f", ".1f", ".2f")))]
+                  for (T, B, det, path), ts in sorted(turns.items())])
+
+
 def t_qkv_forms():
     """results/kernel/qkv-forms: per way of making q, k, v from c_attn's output, tests/test_gpu.py's compiled
     vs eager gradient test (its largest relative error, PoPE; it stops at the first model that fails) and
@@ -842,7 +859,7 @@ def t_memory():
 TABLES = {f.__name__[2:]: f for f in (
     t_ii_floor, t_ii_paired, t_ii_variants, t_ii_takeoff, t_ii_takeoff_sign, t_ii_repeats, t_ii_shift_curve,
     t_tasks, t_tasks_paired, t_lm_rise, t_lm_seeds, t_lm_paired, t_speed_provenance, t_kernel,
-    t_kernel_profile, t_train_step, t_kernel_pairs, t_determinism, t_determinism_ab, t_qkv_forms,
+    t_kernel_profile, t_train_step, t_kernel_pairs, t_determinism, t_determinism_ab, t_host_time, t_qkv_forms,
     t_train_small, t_decode, t_memory, t_delta_toy, t_delta_lm, t_freq_ii, t_freq_lm)}
 TABLES.update(ii_target=lambda: t_ii("target", ["94.82 ± 2.91%", "11.16 ± 2.45%", ""]),
               ii_all=lambda: t_ii("all"),
