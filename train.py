@@ -19,8 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from configurator import configure
-from model import GPT, CheckpointError, GPTConfig, read_checkpoint
-from model import cuda_graph as capture_graph  # (cuda_graph is a setting below)
+from model import GPT, CheckpointError, GPTConfig, cuda_graph as capture_graph, read_checkpoint
 from prepare.common import PrepareError, check_dataset, lock_folder, unlock_folder, write_atomic, write_json
 
 # -----------------------------------------------------------------------------
@@ -105,17 +104,17 @@ def settings(argv):
                      "(--overwrite=True replaces it)")
     if cfg["init_from"] == "scratch":
         return cfg, None
-    ckpt = read_checkpoint(path if resume else cfg["init_from"])
+    ckpt = read_checkpoint(src := path if resume else cfg["init_from"])
     margs = ckpt["model_args"]
+    fixed = [k for k in MODEL_KEYS if k not in RESUME_MAY_CHANGE] if resume else FINETUNE_KEEPS
+    clash = [f"{k}={cfg[k]!r} (checkpoint: {margs[k]!r})" for k in fixed if k in given and cfg[k] != margs[k]]
+    if clash:
+        sys.exit(f"error: {src}'s model differs: {', '.join(clash)}; drop those settings")
     if not resume:
         cfg.update({k: margs[k] for k in FINETUNE_KEEPS})
         if cfg["rope_scaling"] > 1.0 and cfg["rope_scaling_orig_len"] == 0:
             cfg["rope_scaling_orig_len"] = margs["block_size"]  # YaRN stretches the source's context
         return cfg, ckpt
-    clash = [f"{k}={cfg[k]!r} (checkpoint: {margs[k]!r})" for k in MODEL_KEYS
-             if k in given and k not in RESUME_MAY_CHANGE and cfg[k] != margs[k]]
-    if clash:
-        sys.exit(f"error: {path}'s model differs: {', '.join(clash)}; drop those, or use another --out_dir")
     saved = {k: v for k, v in ckpt["config"].items() if k in DEFAULTS and k != "data_changed_ok"}  # (once)
     return {**DEFAULTS, **saved, **{k: cfg[k] for k in given}, "out_dir": cfg["out_dir"]}, ckpt
 
@@ -193,9 +192,7 @@ def get_lr(it):
         return learning_rate * (it + 1) / (warmup_iters + 1)
     if not decay_lr:
         return learning_rate
-    if it > lr_decay_iters:
-        return min_lr
-    ratio = (it - warmup_iters) / max(1, lr_decay_iters - warmup_iters)
+    ratio = min(1.0, (it - warmup_iters) / max(1, lr_decay_iters - warmup_iters))
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
@@ -305,9 +302,8 @@ def main(argv):
     torch.manual_seed(seed)
     model = GPT(GPTConfig(**margs))
     if ckpt is not None:
-        if ckpt["model_args"]["vocab_size"] != V:
-            sys.exit(f"error: {init_from} has vocab_size {ckpt['model_args']['vocab_size']}, {dataset} {V}: "
-                     "use data with the checkpoint's vocabulary")
+        if (v := ckpt["model_args"]["vocab_size"]) != V:
+            sys.exit(f"error: {init_from} has vocab_size {v}, {dataset} {V}: use data with that vocabulary")
         model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
     model.to(dev)
     tokens_per_iter = accum * world * batch_size * data.T
@@ -331,7 +327,10 @@ def main(argv):
 
     step = partial(train_step, model, raw_model, optimizer, scaler, ctx, accum, grad_clip)
     graphed = GraphedStep(step, raw_model, optimizer, data, accum) if cuda_graph and not eval_only else None
-    log = open(os.path.join(out_dir, "metrics.jsonl"), "a" if resume else "w") if master else None
+    if master and not (resume or eval_only):  # a new run: no checkpoint or eval.json of an old one stays
+        for f in filter(os.path.exists, (ckpt_path, os.path.join(out_dir, "eval.json"))):
+            os.remove(f)
+    log = open(os.path.join(out_dir, "metrics.jsonl"), "a" if resume or eval_only else "w") if master else None
     t0, it0, it_start, running_mfu = time.time(), iter_num, iter_num, -1.0  # it0: the timing window's start
     while True:
         lr = get_lr(iter_num)
@@ -343,9 +342,10 @@ def main(argv):
             if master:
                 print(f"step {iter_num}: " + ", ".join(f"{s} loss {r['loss']:.4f} acc {r['acc']:.4f}"
                                                         for s, r in res.items()))
-                print(json.dumps({"iter": iter_num, "eval": res}), file=log, flush=True)
-            if eval_only and master:
-                write_json(os.path.join(out_dir, "eval.json"), {"iter": iter_num, "full": eval_full, **res})
+                if eval_only:  # an evaluation alone: into eval.json, not the run's log
+                    write_json(os.path.join(out_dir, "eval.json"), {"iter": iter_num, "full": eval_full, **res})
+                else:
+                    print(json.dumps({"iter": iter_num, "eval": res}), file=log, flush=True)
             if eval_only:
                 break
             if not all(torch.isfinite(p).all() for p in raw_model.parameters()):  # a diverged run never saves

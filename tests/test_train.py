@@ -75,8 +75,10 @@ def test_rows_loss_mask_and_full_eval(data_root, tmp_path):
         "--gradient_accumulation_steps=1", "--lr_decay_iters=150"], tmp_path)  # (later keys override TINY's)
     ev = [r["eval"] for r in records(tmp_path / "o", "eval")]  # one scored token per row:
     assert ev[0]["val"]["tokens"] == 4 * 32 and ev[-1]["val"]["acc"] > 0.9 and ev[0]["val"]["acc"] < 0.3
+    log = (tmp_path / "o" / "metrics.jsonl").read_bytes()
     run_here([TRAIN, "--out_dir=o", "--init_from=resume", "--eval_only=True", "--eval_full=True",
               "--eval_splits=val"], tmp_path)
+    assert (tmp_path / "o" / "metrics.jsonl").read_bytes() == log  # the run's log stays the run's
     full = json.load(open(tmp_path / "o" / "eval.json"))
     assert full["val"]["tokens"] == 200 and full["full"] is True and full["iter"] == 150
 
@@ -228,8 +230,8 @@ def test_refusals(data_root, tmp_path, family):
 
 
 def test_checkpoints_are_never_lost(data_root, tmp_path):
-    """A new run never replaces a checkpoint unless asked; a diverging run never saves; a resume that names
-    another model is refused; --overwrite=True starts afresh."""
+    """A new run never replaces a checkpoint unless asked; a diverging run never saves; a resume or a fine-tune
+    that names another model is refused; --overwrite=True starts afresh, leaving nothing of the old run."""
     def run(*extra):
         return run_here(args(data_root, "--out_dir=o", "--eval_interval=2", *extra), tmp_path, check=False)
     assert run("--max_iters=4").returncode == 0
@@ -238,9 +240,14 @@ def test_checkpoints_are_never_lost(data_root, tmp_path):
                         (["--init_from=resume", "--max_iters=8", "--learning_rate=1e30", "--min_lr=1"], "")):
         refused(run(*extra), name)
         assert (tmp_path / "o" / "ckpt.pt").read_bytes() == good, extra
+    refused(run("--out_dir=ft", "--init_from=o/ckpt.pt", "--n_layer=3", "--max_iters=1"), "n_layer")
+    assert os.listdir(tmp_path / "ft") == []
+    (tmp_path / "o" / "eval.json").write_text("{}")
     assert run("--max_iters=2", "--overwrite=True").returncode == 0
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iter_num"] == 2
-    assert sorted(losses(tmp_path / "o")) == [0, 1]
+    assert sorted(losses(tmp_path / "o")) == [0, 1] and not (tmp_path / "o" / "eval.json").exists()
+    assert run("--max_iters=0", "--overwrite=True").returncode == 0  # no step, so no checkpoint of its own
+    assert sorted(os.listdir(tmp_path / "o")) == ["metrics.jsonl"]
 
 
 def test_a_second_run_on_a_live_out_dir_is_refused(data_root, tmp_path):
