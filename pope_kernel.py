@@ -829,7 +829,7 @@ def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offse
     _check_shapes(q, k, v, delta, q_offset, theta)
     reason = kernel_unsupported_reason(q, k, v, delta)
     if reason is not None:
-        raise PopeKernelUnsupported(reason)
+        raise PopeKernelUnsupported(f"{reason} (model.py's attn_impl='auto' or 'torch' runs its PyTorch path)")
     # the kernels read delta and theta as contiguous float32 (model.py hands them so: then nothing runs
     # here); the cast is outside the op, so that autograd maps ddelta back
     delta = delta.to(torch.float32).contiguous()

@@ -7,7 +7,7 @@ A longer prompt keeps its last tokens; once a sample fills the cache, each token
 --context tokens from scratch. --decode: graph (CUDA default) replays the one-token step as a CUDA graph,
 compile compiles it first, eager (CPU default) calls it from Python. --dtype: bf16 weights on CUDA by
 default (PoPE's delta and the frequencies stay float32); autocast computes as train.py does. Samples go to
-stdout, timings to stderr; --save=PREFIX also writes PREFIX_<i> in the dataset's format.
+stdout, timings to stderr; --save=PREFIX also writes PREFIX_<i>.txt, or the dataset's own format (e.g. .mid).
 """
 
 import time  # first: the time to the first token counts from here
@@ -40,7 +40,7 @@ def main(argv=None):
     p.add_argument("--decode", default="auto", choices=["auto", "eager", "graph", "compile"])
     p.add_argument("--compile", action="store_true", help="--decode=compile")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "autocast"])
-    p.add_argument("--save", default=None, help="path prefix: write each sample to PREFIX_<i> too")
+    p.add_argument("--save", default=None, help="also write sample i to PREFIX_i.txt (or .mid)")
     args = p.parse_args(argv)
     bad = [f"--{k} must be >= 1" for k in ("num_samples", "max_new_tokens", "top_k") if getattr(args, k) < 1]
     if bad or not 0 <= args.temperature < float("inf"):  # (inf or nan would sample uniformly, silently)
