@@ -1,0 +1,45 @@
+"""Host time: does launching the autotuner's pick directly (pope_kernel._PICKS, 711a669) shorten the 124M
+compiled step where the host is its bound? In turn in one process: RoPE, then the kernel path with every
+autotuned launch going through the autotuner (as before 711a669: no pick kept), then with the picks kept;
+--turns times, at batch tokens/T x T, with or without torch.use_deterministic_algorithms(True).
+
+    python results/kernel/picks_ab.py --json results/kernel/picks-ab-det-b16-1024.json --deterministic
+"""
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # (deterministic cuBLAS needs it)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+import torch  # noqa: E402
+
+import bench  # noqa: E402
+import pope_kernel as pk  # noqa: E402
+
+
+class NoPicks(dict):  # keeps nothing: every autotuned launch runs the autotuner, as before 711a669
+    def __setitem__(self, key, value):
+        pass
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--block_size", type=int, default=1024)
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--deterministic", action="store_true")
+    a = ap.parse_args()
+    out = dict(header=bench.header(), step=[])
+    torch.use_deterministic_algorithms(a.deterministic)
+    for turn in range(a.turns):
+        for label, picks, path in (("rope", {}, "rope"), ("kernel, autotuner", NoPicks(), "pope-kernel"),
+                                   ("kernel, picks", {}, "pope-kernel")):
+            pk._PICKS = picks
+            print(f"# turn {turn}: {label}", flush=True)
+            out["step"] += [dict(r, deterministic=a.deterministic, turn=turn, launches=label)
+                            for r in bench.train(a.block_size, a.tokens, paths=[path])]
+    with open(a.json + ".tmp", "w") as f:
+        json.dump(out, f, indent=1)
+    os.replace(a.json + ".tmp", a.json)
