@@ -1,7 +1,7 @@
 """Host time: does launching the autotuner's pick directly (pope_kernel._PICKS, 711a669) shorten the 124M
 compiled step where the host is its bound? In turn in one process: RoPE, then the kernel path with every
-autotuned launch going through the autotuner (as before 711a669: no pick kept), then with the picks kept;
---turns times, at batch tokens/T x T, with or without torch.use_deterministic_algorithms(True).
+autotuned launch going through the autotuner (as before 711a669: no pick kept) and with the picks kept, in
+that order in even turns and the other in odd ones; --turns times, at batch tokens/T x T, with or without torch.use_deterministic_algorithms(True).
 
     python results/kernel/picks_ab.py --json results/kernel/picks-ab-det-b16-1024.json --deterministic
 """
@@ -34,8 +34,8 @@ if __name__ == "__main__":
     out = dict(header=bench.header(), step=[])
     torch.use_deterministic_algorithms(a.deterministic)
     for turn in range(a.turns):
-        for label, picks, path in (("rope", {}, "rope"), ("kernel, autotuner", NoPicks(), "pope-kernel"),
-                                   ("kernel, picks", {}, "pope-kernel")):
+        kernel = [("kernel, autotuner", NoPicks(), "pope-kernel"), ("kernel, picks", {}, "pope-kernel")]
+        for label, picks, path in [("rope", {}, "rope")] + kernel[::1 if turn % 2 == 0 else -1]:
             pk._PICKS = picks
             print(f"# turn {turn}: {label}", flush=True)
             out["step"] += [dict(r, deterministic=a.deterministic, turn=turn, launches=label)
