@@ -99,9 +99,11 @@ def _fma(a, b, c):
 def _fast_cos_sin(r):
     # the GPU's sin.approx/cos.approx for |r| <= pi; the interpreter has only numpy's
     if _INTERPRETED:
-        c, s = tl.cos(r), tl.sin(r)
+        c = tl.cos(r)
+        s = tl.sin(r)
     else:
-        c, s = libdevice.fast_cosf(r), libdevice.fast_sinf(r)
+        c = libdevice.fast_cosf(r)
+        s = libdevice.fast_sinf(r)
     return c, s
 
 
@@ -631,7 +633,6 @@ _BLOCKS = {
 }
 _DECODE_FWD = (16, 64, 4, 3)  # query chunks of <= 16 rows (a few tokens against a long cache): one config
 _AUTOTUNE = not _INTERPRET and os.environ.get("POPE_AUTOTUNE", "1") != "0"
-_PICKS = {}  # the autotuner's pick per key, launched directly after: its own run costs ~60 us of host time
 _LOG2E = 1.4426950408889634
 
 
@@ -657,13 +658,11 @@ _pope_bwd_dkdv_tuned = _autotuned(_pope_bwd_dkdv, "dkdv", reset_to_zero=["DDP"])
 def _launch(kernel, tuned, blocks, grid, args, kwargs):
     """kernel[grid](...) with blocks = (BLOCK_M, BLOCK_N, warps, stages), or where blocks is None and
     autotuning is on, its autotuner `tuned`'s pick; 16x16 blocks under the interpreter. Returns BLOCK_N."""
-    key = (kernel, args[0].dtype, *args[-2:], *kwargs.values())  # (the autotuner's key: the buckets last)
-    if blocks is None and _AUTOTUNE and key not in _PICKS:
+    if blocks is None and _AUTOTUNE:
         tuned[grid](*args, **kwargs)
-        _PICKS[key] = tuned.best_config
         return tuned.best_config.kwargs["BLOCK_N"]
-    meta = _PICKS[key].all_kwargs() if blocks is None and _AUTOTUNE else dict(BLOCK_M=16, BLOCK_N=16) if \
-        _INTERPRET else dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), blocks))
+    meta = dict(BLOCK_M=16, BLOCK_N=16) if _INTERPRET else dict(zip(("BLOCK_M", "BLOCK_N", "num_warps",
+                                                                     "num_stages"), blocks))
     kernel[grid](*args, **kwargs, **meta)
     return meta["BLOCK_N"]
 
