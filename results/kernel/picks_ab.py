@@ -3,6 +3,7 @@ compiled step where the host is its bound? In turn in one process: RoPE, then th
 autotuned launch going through the autotuner (as before 711a669: no pick kept) and with the picks kept, in
 that order in even turns and the other in odd ones; --turns times, at batch tokens/T x T, with or without torch.use_deterministic_algorithms(True).
 
+    git apply results/kernel/picks.diff   # (the picks were not kept: results/kernel.md, "What was tried")
     python results/kernel/picks_ab.py --json results/kernel/picks-ab-det-b16-1024.json --deterministic
 """
 import argparse
@@ -31,6 +32,8 @@ if __name__ == "__main__":
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--deterministic", action="store_true")
     a = ap.parse_args()
+    if not hasattr(pk, "_PICKS"):
+        sys.exit("error: pope_kernel.py has no _PICKS: git apply results/kernel/picks.diff first")
     out = dict(header=bench.header(), step=[])
     torch.use_deterministic_algorithms(a.deterministic)
     for turn in range(a.turns):
