@@ -1,7 +1,8 @@
 """Host time: does launching the autotuner's pick directly (pope_kernel._PICKS, 711a669) shorten the 124M
 compiled step where the host is its bound? In turn in one process: RoPE, then the kernel path with every
 autotuned launch going through the autotuner (as before 711a669: no pick kept) and with the picks kept, in
-that order in even turns and the other in odd ones; --turns times, at batch tokens/T x T, with or without torch.use_deterministic_algorithms(True).
+that order in even turns and the other in odd ones; --turns times, at batch tokens/T x T, with or without
+torch.use_deterministic_algorithms(True).
 
     git apply results/kernel/picks.diff   # (the picks were not kept: results/kernel.md, "What was tried")
     python results/kernel/picks_ab.py --json results/kernel/picks-ab-det-b16-1024.json --deterministic
