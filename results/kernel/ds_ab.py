@@ -11,6 +11,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+import torch  # noqa: E402
+
 import bench  # noqa: E402
 import pope_kernel as pk  # noqa: E402
 from model import pope_delta, pope_frequencies  # noqa: E402
@@ -24,7 +26,7 @@ if __name__ == "__main__":
         sys.exit("error: pope_kernel.py has no _DS_BYTES: git apply results/kernel/ds-stored.diff first")
     out = dict(header=bench.header(), rows=[])
     for B, H, T, D in ((8, 12, 1024, 64), (2, 12, 4096, 64)):
-        q, k, v, delta, do = bench.inputs(B, H, T, D, bench.torch.bfloat16, seed=T)
+        q, k, v, delta, do = bench.inputs(B, H, T, D, torch.bfloat16, seed=T)
         leaves = [x.requires_grad_(True) for x in (q, k, v, delta)]
         theta = pope_frequencies(D, device="cuda")
 
