@@ -41,5 +41,6 @@ if __name__ == "__main__":
                 print(f"{B},{H},{T},{D} turn {turn} stored={r['stored']!s:5s} {ms:.3f} ms  "
                       + ", ".join(f"{n} {us:.1f}" for n, us in kernels[:5]), flush=True)
                 out["rows"].append(r)
-    with open(a.json, "w") as f:
+    with open(a.json + ".tmp", "w") as f:
         json.dump(out, f, indent=1)
+    os.replace(a.json + ".tmp", a.json)
