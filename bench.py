@@ -17,7 +17,6 @@ command); --json PATH also writes the header and the rows as JSON. RESULTS.md qu
 
 import argparse
 import datetime
-import json
 import os
 import statistics
 import subprocess
@@ -32,6 +31,7 @@ from triton.testing import do_bench
 import pope_kernel as pk
 from model import (GPT, GPTConfig, apply_rope, cuda_graph, pope_attention_torch, pope_delta, pope_frequencies,
                    rope_cos_sin, yarn_inv_freq)
+from prepare.common import write_json
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -302,6 +302,4 @@ if __name__ == "__main__":
     rows = dict(kernel=kernel, sample=sample,
                 train=lambda: train(a.block_size, a.tokens, paths, a.profile))[a.job]()
     if a.json:
-        with open(a.json + ".tmp", "w") as f:
-            json.dump(dict(header=info, rows=rows), f, indent=1)
-        os.replace(a.json + ".tmp", a.json)
+        write_json(a.json, dict(header=info, rows=rows))

@@ -12,7 +12,6 @@ torch.use_deterministic_algorithms(True). Then, for each T of --steps, bench.tra
 --paths under torch.use_deterministic_algorithms(True) (the default's: results/kernel/train-T.json).
 """
 import argparse
-import json
 import os
 import sys
 
@@ -23,6 +22,7 @@ import torch  # noqa: E402
 import bench  # noqa: E402
 import pope_kernel as pk  # noqa: E402
 from model import pope_attention_torch, pope_delta, pope_frequencies  # noqa: E402
+from prepare.common import write_json  # noqa: E402
 
 
 def attention(deterministic):
@@ -63,6 +63,4 @@ if __name__ == "__main__":
     torch.use_deterministic_algorithms(True)
     for T in [int(t) for t in a.steps.split(",") if t]:
         out["step"] += [dict(r, deterministic=True) for r in bench.train(T, a.tokens, paths=a.paths.split(","))]
-    with open(a.json + ".tmp", "w") as f:
-        json.dump(out, f, indent=1)
-    os.replace(a.json + ".tmp", a.json)
+    write_json(a.json, out)

@@ -6,7 +6,6 @@ by turn; median ms of one replay and GPU µs per CUDA kernel, at bench.py kernel
     python results/kernel/ds_ab.py --json results/kernel/ds-ab.json
 """
 import argparse
-import json
 import os
 import sys
 
@@ -16,6 +15,7 @@ import torch  # noqa: E402
 import bench  # noqa: E402
 import pope_kernel as pk  # noqa: E402
 from model import pope_delta, pope_frequencies  # noqa: E402
+from prepare.common import write_json  # noqa: E402
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -41,6 +41,4 @@ if __name__ == "__main__":
                 print(f"{B},{H},{T},{D} turn {turn} stored={r['stored']!s:5s} {ms:.3f} ms  "
                       + ", ".join(f"{n} {us:.1f}" for n, us in kernels[:5]), flush=True)
                 out["rows"].append(r)
-    with open(a.json + ".tmp", "w") as f:
-        json.dump(out, f, indent=1)
-    os.replace(a.json + ".tmp", a.json)
+    write_json(a.json, out)

@@ -8,7 +8,6 @@ torch.use_deterministic_algorithms(True).
     python results/kernel/picks_ab.py --json results/kernel/picks-ab-det-b16-1024.json --deterministic
 """
 import argparse
-import json
 import os
 import sys
 
@@ -18,6 +17,7 @@ import torch  # noqa: E402
 
 import bench  # noqa: E402
 import pope_kernel as pk  # noqa: E402
+from prepare.common import write_json  # noqa: E402
 
 
 class NoPicks(dict):  # keeps nothing: every autotuned launch runs the autotuner, as before 711a669
@@ -44,6 +44,4 @@ if __name__ == "__main__":
             print(f"# turn {turn}: {label}", flush=True)
             out["step"] += [dict(r, deterministic=a.deterministic, turn=turn, launches=label)
                             for r in bench.train(a.block_size, a.tokens, paths=[path])]
-    with open(a.json + ".tmp", "w") as f:
-        json.dump(out, f, indent=1)
-    os.replace(a.json + ".tmp", a.json)
+    write_json(a.json, out)
