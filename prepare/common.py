@@ -248,7 +248,7 @@ def command_line(script, parser, args, defaults=None):
     parts = ["python", f"prepare/{script}.py"]
     for dest, value in sorted(vars(args).items(), key=lambda kv: kv[0] == "out_dir"):
         default = (defaults or {}).get(dest, parser.get_default(dest))
-        if dest in ("input", "val_input", "out_dir"):
+        if dest in ("input", "val_input", "wheels", "out_dir"):
             value, default = ([repo_path(x) for x in v] if isinstance(v, list) else v and repo_path(v)
                               for v in (value, default))
         if dest != "num_proc" and value is not None and value != default:
