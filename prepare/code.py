@@ -309,7 +309,8 @@ def main(argv=None):
         common.write_meta(stage, meta)
     if dropped["not_utf8"]:
         common.log(f"skipped {len(dropped['not_utf8'])} files not UTF-8 (meta.json: not_utf8)")
-    common.report(args.out_dir, counts, {s: f"{files[s]:,} files" for s in counts})
+    shown = {s: f"{n:,} file{'s' * (n != 1)}" for s, n in files.items()}
+    common.report(args.out_dir, counts, shown)
     return counts
 
 
