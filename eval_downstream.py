@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from model import CheckpointError, load_checkpoint, read_checkpoint
-from prepare.common import PrepareError, check_outputs, codec, die, write_json
+from prepare.common import PrepareError, check_outputs, codec, die, run_main, write_json
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIG_DIR = os.path.join(ROOT, "config", "lm_eval")
@@ -265,4 +265,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import CheckpointError, load_checkpoint
-from prepare.common import (PrepareError, check_outputs, die, load_meta, read_tokens, vocab_key,
-                            write_atomic, write_json)
+from prepare.common import (PrepareError, check_outputs, die, load_meta, output_file, read_tokens,
+                            run_main, vocab_key, write_json)
 
 DEFAULT_MAX_TOKENS = 1 << 20  # default cap on the scored tokens per length
 
@@ -247,7 +247,8 @@ def write_plot(path, series, lengths):
     for a in (ax, bx):
         a.grid(True, which="both", alpha=0.3)
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=min(6, len(series)))
-    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    with output_file(path) as f:
+        fig.savefig(f, dpi=120, format="png")
     return fig
 
 
@@ -315,4 +316,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import CheckpointError, load_checkpoint, apply_rope, pope_frequencies, rope_cos_sin, yarn_inv_freq
-from prepare.common import (PrepareError, check_outputs, die, load_meta, read_tokens, vocab_key,
-                            write_atomic, write_json)
+from prepare.common import (PrepareError, check_outputs, die, load_meta, output_file, read_tokens,
+                            run_main, vocab_key, write_json)
 
 DEFAULT_TOKENS = 65536  # without --tokens: up to this many, fewer where --data holds fewer
 
@@ -155,7 +155,8 @@ def write_plot(path, models):
     axes[-1].set(xlabel="frequency (radians per position)", ylabel="mean share x channels (1 = even)",
                  title="Mean over layers")
     axes[-1].legend()
-    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    with output_file(path) as f:
+        fig.savefig(f, dpi=120, format="png")
     print(f"wrote {path}")
     return fig
 
@@ -216,4 +217,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

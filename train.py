@@ -9,7 +9,7 @@ import math
 import os
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from functools import partial
 
 import numpy as np
@@ -20,7 +20,8 @@ from tqdm import tqdm
 
 from configurator import configure
 from model import GPT, CheckpointError, GPTConfig, cuda_graph as capture_graph, read_checkpoint
-from prepare.common import PrepareError, check_dataset, lock_folder, unlock_folder, write_atomic, write_json
+from prepare.common import (PrepareError, check_dataset, check_outputs, lock_folder, output_file,
+                            unlock_folder, write_json)
 
 # -----------------------------------------------------------------------------
 # defaults: the paper's OpenWebText setup at 124M (RMSNorm, head dim 64, batch 64 x 1024, AdamW 6e-4 -> 6e-5
@@ -97,6 +98,7 @@ def settings(argv):
     cfg, given = configure(argv, DEFAULTS, __doc__)
     resume, path = cfg["init_from"] == "resume", os.path.join(cfg["out_dir"], "ckpt.pt")
     if int(os.environ.get("RANK", 0)) == 0:  # one run per out_dir: a lock the OS drops however the run ends
+        check_outputs(out_dir=path)  # a folder no run can write into (read-only, full): one line
         os.makedirs(cfg["out_dir"], exist_ok=True)  # (before a resume reads its checkpoint: none replaces it)
         lock_folder(cfg["out_dir"], "wait for it to end, or pick another --out_dir")
         if not resume and os.path.exists(path) and not cfg["overwrite"]:
@@ -184,6 +186,16 @@ def evaluate(model, data, split, dev, ctx, full=False, bar=False):
         count += w.sum().item()
     model.train()
     return {"loss": loss_sum / max(count, 1), "acc": correct / max(count, 1), "tokens": int(count)}
+
+
+def log_record(log, rec):
+    """A line of metrics.jsonl; a full disk is one line naming it (closed: nothing to flush)."""
+    try:
+        print(json.dumps(rec), file=log, flush=True)
+    except OSError as e:
+        with suppress(OSError):
+            log.close()
+        raise PrepareError(f"cannot write {log.name}: {e.strerror}") from None
 
 
 def get_lr(it):
@@ -345,7 +357,7 @@ def main(argv):
                 if eval_only:  # an evaluation alone: into eval.json, not the run's log
                     write_json(os.path.join(out_dir, "eval.json"), {"iter": iter_num, "full": eval_full, **res})
                 else:
-                    print(json.dumps({"iter": iter_num, "eval": res}), file=log, flush=True)
+                    log_record(log, {"iter": iter_num, "eval": res})
             if eval_only:
                 break
             if not all(torch.isfinite(p).all() for p in raw_model.parameters()):  # a diverged run never saves
@@ -357,7 +369,8 @@ def main(argv):
                 state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "config": cfg,
                          "model_args": margs, "iter_num": iter_num, "best_val_loss": best_val_loss,
                          "meta": data.meta, "data": {"bytes": data.sizes}}
-                write_atomic(ckpt_path, lambda tmp: torch.save(state, tmp))  # a crash leaves the old one
+                with output_file(ckpt_path) as f:  # whole or not at all: a crash leaves the old one
+                    torch.save(state, f)
                 print(f"saved checkpoint to {ckpt_path}")
             t0, it0 = time.time(), iter_num  # keep eval time out of the step timing
         if last:
@@ -382,7 +395,7 @@ def main(argv):
                       f"{tokens_per_iter / dt_iter:,.0f} tok/s{mfu_s}, eta {eta} min")
                 rec = {"iter": iter_num, "loss": lossf, "lr": lr, "dt_ms": dt_iter * 1000, "time": t1,
                        "tok_per_s": tokens_per_iter / dt_iter, **({"mfu": running_mfu} if mfu_s else {})}
-                print(json.dumps(rec), file=log, flush=True)
+                log_record(log, rec)
         iter_num += 1
 
     if world > 1:  # leave together, then end without the interpreter's shutdown: DDP keeps references to the
@@ -398,3 +411,5 @@ if __name__ == "__main__":
         main(sys.argv[1:])
     except (PrepareError, CheckpointError) as e:  # missing or damaged data, a file that is no checkpoint, ...
         sys.exit(f"error: {e}")
+    except OSError as e:  # a file that cannot be read or written
+        sys.exit(f"error: {e.filename}: {e.strerror}")

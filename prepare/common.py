@@ -3,14 +3,14 @@ command that rebuilds it, the check train.py runs on it (check_dataset), token r
 
 import argparse
 import importlib
+import io
 import json
 import os
 import re
 import shlex
 import shutil
 import sys
-import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
@@ -35,9 +35,9 @@ def die(msg):
 
 
 def run_main(main_fn, argv=None):
-    """main_fn(argv); a PrepareError or a file error (OSError) is one line and exit 2."""
+    """main_fn(argv), its value; a PrepareError or a file error (OSError) is one line and exit 2."""
     try:
-        main_fn(argv)
+        return main_fn(argv)
     except (PrepareError, OSError) as e:
         die(f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else e)
 
@@ -88,36 +88,112 @@ def codec(meta):
     return encode, lambda ids: "".join(itos[i] for i in ids)
 
 
-def check_outputs(**paths):
-    """Refuse early an output path that is a folder or unwritable, and --plot without matplotlib."""
-    for option, path in ((o, p) for o, p in paths.items() if p):
-        folder = next(f for f in Path(os.path.abspath(path)).parents if os.path.lexists(f))
+def format_module(meta):
+    """The prepare/ module meta.json's "format" names (decode, encode, save_sample), or None."""
+    if not meta.get("format"):
+        return None
+    if meta["format"] not in _scripts():
+        raise PrepareError(f"meta.json's format {meta['format']!r} is none of prepare/'s "
+                           f"({', '.join(_scripts())}): data of another version of this repo?")
+    return importlib.import_module(f"prepare.{meta['format']}")
+
+
+# -----------------------------------------------------------------------------
+# outputs: every script's files (checkpoints, eval.json, --json, --plot, samples): output_file
+
+class _Output(io.RawIOBase):
+    """output_file's file: every byte through os.write (where a test fills the disk), counted; the
+    first OSError is kept (torch.save reports it as a RuntimeError)."""
+
+    def __init__(self, fd):
+        super().__init__()
+        self.fd, self.count, self.error = fd, 0, None
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        view, done = memoryview(b).cast("B"), 0
         try:
-            if os.path.isdir(path):
-                raise PrepareError(f"--{option} {path} is a folder; give a file name")
-            tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-").close()
-            if option == "plot":
-                import matplotlib  # noqa: F401
+            while done < len(view):
+                done += os.write(self.fd, view[done:])
         except OSError as e:
-            raise PrepareError(f"--{option} {path}: cannot write into {folder} ({e.strerror or e})") from None
-        except ImportError:
-            raise PrepareError(f"--plot {path} needs matplotlib: pip install matplotlib") from None
+            self.error = self.error or e
+            raise
+        self.count += done
+        return done
 
 
-def write_atomic(path, save):
-    """save(tmp), then rename tmp to path: no half-written file, a crash leaves the old one."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp"
+@contextmanager
+def output_file(path):
+    """`with output_file(path) as f: f.write(data)` (or torch.save(obj, f), fig.savefig(f)): a
+    file whole or not at all. It goes to path.tmp, is synced, checked to hold every byte written and
+    renamed to path as the block ends; an error leaves the old file (or none) and no .tmp. An
+    OSError (a read-only folder, a full disk) is a PrepareError naming path and what errno means."""
+    path = os.fspath(path)
+    tmp, out = f"{path}.tmp", None
     try:
-        save(tmp)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        out = _Output(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+        yield out
+        os.fsync(out.fd)
+        if os.fstat(out.fd).st_size != out.count:
+            raise OSError(f"{os.fstat(out.fd).st_size} bytes on disk of the {out.count} written")
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        if out is not None:
+            with suppress(OSError):
+                os.remove(tmp)
+        error = e if out is None or out.error is None else out.error
+        if isinstance(error, OSError):
+            raise PrepareError(f"cannot write {path}: {error.strerror or error}") from None
         raise
+    finally:
+        if out is not None:
+            os.close(out.fd)
 
 
 def write_json(path, obj, indent=1, default=None):
-    write_atomic(path, lambda tmp: Path(tmp).write_text(json.dumps(obj, indent=indent, default=default)))
+    with output_file(path) as f:
+        f.write(json.dumps(obj, indent=indent, default=default).encode())
+
+
+PROBE_BYTES = 1 << 16  # check_outputs writes this much: a full disk fails there, before the work
+
+
+def check_outputs(**paths):
+    """Refuse early an output path that is a folder or cannot be written (read-only, a full disk:
+    a probe of PROBE_BYTES is written and removed where it would go); --plot without matplotlib."""
+    for option, path in ((o, p) for o, p in paths.items() if p):
+        folder = next(f for f in Path(os.path.abspath(path)).parents if os.path.lexists(f))
+        if os.path.isdir(path):
+            raise PrepareError(f"--{option} {path} is a folder; give a file name")
+        if not folder.is_dir():
+            raise PrepareError(f"--{option} {path}: {folder} is a file, not a folder")
+        probe = folder / f".write-check-{os.getpid()}"
+        try:
+            with output_file(probe) as f:
+                f.write(bytes(PROBE_BYTES))
+            os.remove(probe)
+        except PrepareError as e:
+            raise PrepareError(f"--{option} {path}: {e}") from None
+        if option == "plot":
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                raise PrepareError(f"--plot {path} needs matplotlib: pip install matplotlib") \
+                    from None
+
+
+def save_sample(ids, meta, prefix, decode):
+    """sample.py --save: ids to prefix + the format's own extension (its save_sample, e.g. JSB's
+    .mid) or to prefix.txt (decode(ids)), through output_file; returns the path written."""
+    fmt = format_module(meta)
+    if fmt is not None and hasattr(fmt, "save_sample"):
+        return fmt.save_sample(ids, meta, prefix)
+    with output_file(f"{prefix}.txt") as f:
+        f.write(decode(ids).encode("utf-8"))
+    return f"{prefix}.txt"
 
 
 _LOCKS = {}  # lock file -> its fd, held until unlock_folder or the process's end
@@ -257,10 +333,14 @@ def command_line(script, parser, args, defaults=None):
     return shlex.join(parts)
 
 
+def _scripts():
+    return sorted({p.stem for p in Path(__file__).parent.glob("*.py")} - {"__init__", "common"})
+
+
 def _rebuild_hint(d, meta):
     if isinstance(meta, dict) and isinstance(meta.get("prepare"), str):
         return f"rebuild it with: {meta['prepare']}"
-    scripts = sorted({p.stem for p in Path(__file__).parent.glob("*.py")} - {"__init__", "common"})
+    scripts = _scripts()
     script = "indirect_indexing.py --quick" if d.name == "indirect_indexing_quick" else f"{d.name}.py"
     if script.split(".")[0] not in scripts:
         return "make it with one of: " + ", ".join(f"python prepare/{s}.py" for s in scripts)

@@ -200,13 +200,14 @@ def save_sample(ids, meta, path_without_ext):
     if meta is not None and meta.get("itos") and meta["itos"] != itos_of(tok):
         raise common.PrepareError("meta.json's vocabulary differs from this miditok's REMI vocabulary")
     ids = [int(i) for i in ids if int(i) not in (PAD, BOS, EOS)]
-    out = Path(path_without_ext).with_suffix(".mid")
+    out = f"{path_without_ext}.mid"
     score = tok.decode([ids])
-    score.dump_midi(str(out))
+    with common.output_file(out) as f:  # whole or not at all (a full disk)
+        f.write(score.dumps_midi())
     if not any(len(t.notes) for t in score.tracks):  # (an untrained model's tokens, say): silent, but not silently
         common.log(f"warning: {out} has no notes: no Pitch, Velocity, Duration group among the sample's {len(ids)} "
                    "tokens (an untrained model's output?); written anyway")
-    return str(out)
+    return out
 
 
 # -----------------------------------------------------------------------------

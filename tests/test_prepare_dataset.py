@@ -187,15 +187,26 @@ def test_check_dataset_names_the_file_and_the_rebuild_command(tmp_path, fault):
             common.check_dataset(tmp_path / folder)
 
 
-def test_write_atomic_keeps_the_old_file_when_the_save_fails(tmp_path):
+def test_output_file_keeps_the_old_file_when_the_save_fails(tmp_path):
+    """An interrupt half-way through a write leaves the old file and no .tmp; a write that ends
+    replaces it (the read-only and full-disk faults: tests/test_faults.py)."""
     path = tmp_path / "ckpt.pt"
     path.write_bytes(b"old")
-    with pytest.raises(KeyboardInterrupt):  # (a half-written tmp, then the interrupt)
-        common.write_atomic(str(path), lambda tmp: (Path(tmp).write_bytes(b"half"),
-                                                    (_ for _ in ()).throw(KeyboardInterrupt)))
+    with pytest.raises(KeyboardInterrupt), common.output_file(path) as f:
+        f.write(b"half")
+        raise KeyboardInterrupt
     assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["ckpt.pt"]
-    common.write_atomic(str(path), lambda tmp: Path(tmp).write_bytes(b"new"))
+    with common.output_file(path) as f:
+        f.write(b"new")
     assert path.read_bytes() == b"new" and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_a_format_this_repo_lacks_is_one_line():
+    """meta.json's "format" names the prepare/ module of its tokens (sample.py imports it)."""
+    with pytest.raises(common.PrepareError, match="nonexistent"):
+        common.format_module({"format": "nonexistent"})
+    assert common.format_module({"format": "jsb"}).__name__ == "prepare.jsb"
+    assert common.format_module({}) is None
 
 
 @pytest.mark.parametrize("argv, named", [
