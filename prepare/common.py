@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import sys
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -201,12 +202,18 @@ _LOCKS = {}  # lock file -> its fd, held until unlock_folder or the process's en
 
 def lock_folder(folder, hint, path=None):
     """One run per folder: an exclusive flock on path (default folder/.lock), which the OS drops however the
-    process ends; unlock_folder or a normal exit deletes the file. PrepareError while another run holds it."""
+    process ends; unlock_folder or a normal exit deletes the file. PrepareError while another run
+    holds it, or where path is not a regular file (a folder, a link) or cannot be made."""
     import atexit
     import fcntl
     path = str(path or os.path.join(folder, ".lock"))
     while path not in _LOCKS:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
+            raise PrepareError(f"{path} is not a regular file (a folder or a link): remove it")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            raise PrepareError(f"cannot make the lock file {path}: {e.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

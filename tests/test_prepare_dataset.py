@@ -125,6 +125,26 @@ def test_a_second_run_on_the_same_out_dir_is_refused(old_set):
     assert build(out, NEW) != old and beside(out) == []
 
 
+@pytest.mark.parametrize("kind", ["folder", "dangling link", "link to a file", "fifo"])
+def test_a_lock_that_is_not_a_regular_file_is_refused(old_set, tmp_path, kind):
+    """<out_dir>.lock a folder, a link or a fifo: refused naming it; the set, the lock and what a
+    link points to unchanged (train.py's out_dir/.lock: tests/test_train.py)."""
+    out, old = old_set
+    lock, mine = tmp_path / "ii.lock", tmp_path / "mine"
+    mine.write_text("mine")
+    if kind == "folder":
+        lock.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.symlink_to(mine if kind == "link to a file" else tmp_path / "nowhere")
+    with pytest.raises(common.PrepareError, match="ii.lock"):
+        ii.main(NEW + ["--out_dir", str(out)])
+    assert snapshot(out) == old and mine.read_text() == "mine"
+    assert not (tmp_path / "nowhere").exists()
+    assert os.path.lexists(lock) and beside(out) == ["ii.lock"]
+
+
 @pytest.mark.parametrize("mine", ["ii/notes.txt", "ii/mine/x.py", "ii.tmp/thesis.tex", "ii.old/thesis.tex"])
 def test_a_users_files_in_or_beside_out_dir_are_refused_and_kept(old_set, mine):
     out, old = old_set
