@@ -20,7 +20,8 @@ from tqdm import tqdm
 
 from configurator import configure
 from model import GPT, CheckpointError, GPTConfig, cuda_graph as capture_graph, read_checkpoint
-from prepare.common import (PrepareError, check_dataset, check_outputs, lock_folder, output_file,
+from prepare.common import (AT_LEAST_1, DEVICE_RULE, KERNEL_RULE, PrepareError, broken_rules,
+                            check_dataset, check_outputs, lock_folder, output_file, resolve_device,
                             unlock_folder, write_json)
 
 # -----------------------------------------------------------------------------
@@ -73,18 +74,42 @@ DEFAULTS = {k: v for k, v in globals().items() if k[0] != "_" and type(v) in (in
 MODEL_KEYS = [k for k in GPTConfig.__dataclass_fields__ if k != "vocab_size"]  # (the data sets vocab_size)
 RESUME_MAY_CHANGE = ("attn_impl", "dropout")  # the model keys a resume may set anew
 FINETUNE_KEEPS = "n_layer n_head n_embd bias pos_emb pope_base rope_base pope_delta_bound".split()
-CHOICES = {"dtype": ("auto", "float32", "bfloat16", "float16"), "eval_splits": ("train", "val", "test"),
-           "compile_mode": ("default", "reduce-overhead", "max-autotune")}
+RESUMES_FROM = ("optimizer", "config", "meta", "data", "iter_num", "best_val_loss")  # (its keys)
+SPLIT_NAMES = ("train", "val", "test")  # eval_splits' choices (an eval's batches seed by index)
+TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # torchrun sets all
+MAX_BATCH_TOKENS = 1 << 24  # batch_size x block_size: a micro-batch's positions (int64 indices)
+RULES = {  # setting: (its rule on its value v and the settings c, what it must be); NaN fails all.
+    # configurator.py checks the types, GPTConfig the model's settings
+    **dict.fromkeys(("gradient_accumulation_steps", "block_size", "eval_interval", "log_interval",
+                     "eval_iters", "lr_decay_iters"), AT_LEAST_1),
+    "out_dir": (lambda v, c: v.strip() != "", "a folder's name"),
+    "batch_size": (lambda v, c: 1 <= v and v * c["block_size"] <= MAX_BATCH_TOKENS,
+                   f">= 1, batch_size x block_size <= {MAX_BATCH_TOKENS:,}; larger batches: "
+                   "gradient_accumulation_steps"),
+    "max_iters": (lambda v, c: v >= 0, ">= 0"),
+    "warmup_iters": (lambda v, c: v >= 0, ">= 0"),
+    "seed": (lambda v, c: 0 <= v < 2**63, "in [0, 2**63)"),
+    "learning_rate": (lambda v, c: 0 < v < math.inf, "> 0 and finite"),
+    "min_lr": (lambda v, c: 0 <= v <= c["learning_rate"], "in [0, learning_rate]"),
+    "weight_decay": (lambda v, c: 0 <= v < math.inf, ">= 0 and finite"),
+    "grad_clip": (lambda v, c: 0 <= v < math.inf, ">= 0 and finite (0: no clipping)"),
+    "beta1": (lambda v, c: 0 <= v < 1, "in [0, 1)"),
+    "beta2": (lambda v, c: 0 <= v < 1, "in [0, 1)"),
+    "peak_flops": (lambda v, c: 0 < v < math.inf, "> 0 and finite: the GPU's peak FLOP/s, for MFU"),
+    "eval_splits": (lambda v, c: set(v.split(",")) <= set(SPLIT_NAMES),
+                    "train, val or test, comma-separated"),
+    "dtype": (lambda v, c: v in ("auto", "float32", "bfloat16", "float16"),
+              "auto, float32, bfloat16 or float16"),
+    "compile_mode": (lambda v, c: v in ("default", "reduce-overhead", "max-autotune"),
+                     "default, reduce-overhead or max-autotune"),
+    "device": DEVICE_RULE,
+    "attn_impl": KERNEL_RULE,
+}
 
 
 def settings_problems(c):
-    """Each setting of c that makes no sense, as 'key=value (must be ...)'; GPTConfig checks the model's."""
-    bad = [(k, ">= 1") for k in ("batch_size", "gradient_accumulation_steps", "block_size", "eval_interval",
-                                  "log_interval", "eval_iters", "lr_decay_iters", "n_layer") if c[k] < 1]
-    bad += [(k, " or ".join(v)) for k, v in CHOICES.items() if not set(c[k].split(",")) <= set(v)]
-    bad += [("learning_rate", "> 0")] * (not 0 < c["learning_rate"] < math.inf)
-    bad += [("device", "auto, cpu or cuda[:N]")] * (c["device"].split(":")[0] not in ("auto", "cpu", "cuda"))
-    problems = [f"{k}={c[k]!r} (must be {why})" for k, why in bad]
+    """The settings of c that break their RULES row, as 'key=value (must be ...)'; GPTConfig's."""
+    problems = broken_rules(c, RULES)
     try:
         GPTConfig(**{k: c[k] for k in MODEL_KEYS})
     except ValueError as e:
@@ -93,32 +118,54 @@ def settings_problems(c):
 
 
 def settings(argv):
-    """(cfg, checkpoint or None): the defaults with argv applied (configurator.py). A resume continues its
-    checkpoint's settings, the keys given on top; a fine-tune keeps its source's FINETUNE_KEEPS (shape)."""
+    """(cfg, checkpoint or None): the defaults with argv applied (configurator.py), checked before
+    anything is written. A resume continues its checkpoint's settings, the keys given on top; a
+    fine-tune keeps its source's FINETUNE_KEEPS (shape). One run per out_dir: rank 0 locks it (the
+    OS drops the lock however the run ends), a resume before it reads its checkpoint."""
     cfg, given = configure(argv, DEFAULTS, __doc__)
+    unset = [k for k in TORCHRUN if k not in os.environ]
+    if 0 < len(unset) < len(TORCHRUN):
+        found = [k for k in TORCHRUN if k not in unset]
+        sys.exit(f"error: {', '.join(found)} set without {', '.join(unset)}: start a DDP run with "
+                 "torchrun, or unset them")
     resume, path = cfg["init_from"] == "resume", os.path.join(cfg["out_dir"], "ckpt.pt")
-    if int(os.environ.get("RANK", 0)) == 0:  # one run per out_dir: a lock the OS drops however the run ends
-        check_outputs(out_dir=path)  # a folder no run can write into (read-only, full): one line
-        os.makedirs(cfg["out_dir"], exist_ok=True)  # (before a resume reads its checkpoint: none replaces it)
-        lock_folder(cfg["out_dir"], "wait for it to end, or pick another --out_dir")
-        if not resume and os.path.exists(path) and not cfg["overwrite"]:
-            sys.exit(f"error: {path} exists: resume it with --init_from=resume, or pick another --out_dir "
-                     "(--overwrite=True replaces it)")
-    if cfg["init_from"] == "scratch":
-        return cfg, None
-    ckpt = read_checkpoint(src := path if resume else cfg["init_from"])
-    margs = ckpt["model_args"]
-    fixed = [k for k in MODEL_KEYS if k not in RESUME_MAY_CHANGE] if resume else FINETUNE_KEEPS
-    clash = [f"{k}={cfg[k]!r} (checkpoint: {margs[k]!r})" for k in fixed if k in given and cfg[k] != margs[k]]
-    if clash:
-        sys.exit(f"error: {src}'s model differs: {', '.join(clash)}; drop those settings")
-    if not resume:
+    master = os.environ.get("RANK", "0") == "0"
+    hint = "wait for it to end, or pick another --out_dir"
+    if master:  # a folder no run can write into (read-only, full, a file): one line, first
+        check_outputs(out_dir=path)
+    ckpt = None
+    if cfg["init_from"] != "scratch":
+        if resume and master and os.path.isdir(cfg["out_dir"]):
+            lock_folder(cfg["out_dir"], hint)
+        ckpt = read_checkpoint(src := path if resume else cfg["init_from"])
+        missing = [k for k in RESUMES_FROM if k not in ckpt] if resume else []
+        if missing:
+            sys.exit(f"error: {src} has no {', '.join(missing)}: a run cannot resume from it; "
+                     f"fine-tune from it into another out_dir (--init_from={src})")
+        margs = ckpt["model_args"]
+        fixed = [k for k in MODEL_KEYS if k not in RESUME_MAY_CHANGE] if resume else FINETUNE_KEEPS
+        clash = [f"{k}={cfg[k]!r} (checkpoint: {margs[k]!r})" for k in fixed
+                 if k in given and cfg[k] != margs[k]]
+        if clash:
+            sys.exit(f"error: {src}'s model differs: {', '.join(clash)}; drop those settings")
+    if resume:
+        saved = {k: v for k, v in ckpt["config"].items()
+                 if k in DEFAULTS and k != "data_changed_ok"}  # (for one resume)
+        cfg = {**DEFAULTS, **saved, **{k: cfg[k] for k in given}, "out_dir": cfg["out_dir"]}
+    elif ckpt is not None:
         cfg.update({k: margs[k] for k in FINETUNE_KEEPS})
         if cfg["rope_scaling"] > 1.0 and cfg["rope_scaling_orig_len"] == 0:
             cfg["rope_scaling_orig_len"] = margs["block_size"]  # YaRN stretches the source's context
-        return cfg, ckpt
-    saved = {k: v for k, v in ckpt["config"].items() if k in DEFAULTS and k != "data_changed_ok"}  # (once)
-    return {**DEFAULTS, **saved, **{k: cfg[k] for k in given}, "out_dir": cfg["out_dir"]}, ckpt
+    problems = settings_problems(cfg)
+    if problems:
+        sys.exit("error: bad settings: " + "; ".join(problems))
+    if master and not resume:
+        os.makedirs(cfg["out_dir"], exist_ok=True)
+        lock_folder(cfg["out_dir"], hint)
+        if os.path.exists(path) and not cfg["overwrite"]:
+            sys.exit(f"error: {path} exists: resume it with --init_from=resume, or pick another "
+                     "--out_dir (--overwrite=True replaces it)")
+    return cfg, ckpt
 
 
 # -----------------------------------------------------------------------------
@@ -173,7 +220,7 @@ def evaluate(model, data, split, dev, ctx, full=False, bar=False):
     """Loss and accuracy on the scored targets of eval_iters fixed batches, or with full the whole split."""
     model.eval()
     loss_sum, correct, count = 0.0, 0.0, 0.0
-    N, step, key = len(data.arrays(split)[0]), data.row_len or data.T, CHOICES["eval_splits"].index(split)
+    N, step, key = len(data.arrays(split)[0]), data.row_len or data.T, SPLIT_NAMES.index(split)
     batches = (torch.arange((N - (not data.row_len)) // step) * step).split(batch_size) if full else [
         data.starts(split, batch_size, make_gen(seed, key, k)) for k in range(eval_iters)]
     for starts in tqdm(batches, f"eval {split}", leave=False, file=sys.stderr, disable=None if bar else True):
@@ -274,7 +321,7 @@ class GraphedStep:
 def setup_device():
     """DDP (under torchrun), the device, the dtype and its autocast context: (rank, world, dev, dt, ctx)."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    dev = resolve_device(device)
     dt = dtype if dtype != "auto" else "bfloat16" if dev.startswith("cuda") else "float32"
     if gradient_accumulation_steps % world:
         sys.exit(f"error: gradient_accumulation_steps is not a multiple of the {world} processes")
@@ -294,8 +341,6 @@ def setup_device():
 def main(argv):
     cfg, ckpt = settings(argv)
     globals().update(cfg)  # from here on, the settings are plain names, as in nanoGPT
-    if problems := settings_problems(cfg):
-        sys.exit("error: bad settings: " + "; ".join(problems))
     rank, world, dev, dt, ctx = setup_device()
     master, resume, device_type = rank == 0, init_from == "resume", dev.split(":")[0]
     accum, ckpt_path = gradient_accumulation_steps // world, os.path.join(out_dir, "ckpt.pt")

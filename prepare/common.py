@@ -43,6 +43,46 @@ def run_main(main_fn, argv=None):
         die(f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else e)
 
 
+AT_LEAST_1 = (lambda v, c: v >= 1, ">= 1")
+
+
+def broken_rules(values, rules, prefix=""):
+    """'name=value (must be ...)' for each value that breaks its rule. rules: {name: (ok(value,
+    values), what it must be)}: train.py's settings, the scripts' flags (None: not given)."""
+    return [f"{prefix}{k}={values[k]!r} (must be {want})" for k, (ok, want) in rules.items()
+            if values[k] is not None and not ok(values[k], values)]
+
+
+def check_flags(args, rules):
+    """A script's flags (argparse's args) against rules (broken_rules): die() at a broken one."""
+    broken = broken_rules(vars(args), rules, "--")
+    if broken:
+        die(broken[0])
+
+
+def devices():
+    """The devices of this machine: cpu, and cuda, cuda:0 .. cuda:N-1 where it has N GPUs."""
+    import torch  # (here: importing a prepare module stays light)
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    names = ["cpu"]
+    if n:
+        names += ["cuda"] + [f"cuda:{k}" for k in range(n)]
+    return names
+
+
+def resolve_device(name):
+    """--device auto: cuda where this machine has a GPU, else cpu; any other name as it is."""
+    if name != "auto":
+        return name
+    return "cuda" if "cuda" in devices() else "cpu"
+
+
+DEVICE_RULE = (lambda v, c: v == "auto" or v in devices(), "auto, cpu, or cuda[:N] of a GPU here")
+KERNEL_RULE = (lambda v, c: v != "triton" or resolve_device(c["device"]).startswith("cuda")
+               or os.environ.get("TRITON_INTERPRET") == "1",
+               "auto or torch off CUDA: the Triton kernels run on GPUs (or TRITON_INTERPRET=1)")
+
+
 def require(module, pip_name, purpose):
     try:
         return importlib.import_module(module)
