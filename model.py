@@ -429,6 +429,7 @@ def read_checkpoint(path):
 
 def load_checkpoint(path, device="cpu", **overrides):  # (model in eval mode, checkpoint); GPTConfig overrides
     ckpt = read_checkpoint(path)
-    model = GPT(GPTConfig(**{**ckpt["model_args"], **overrides}))
+    with torch.device(device):  # the random init the weights replace runs there: on a GPU, in no time
+        model = GPT(GPTConfig(**{**ckpt["model_args"], **overrides}))
     model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
     return model.to(device).eval(), ckpt
