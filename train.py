@@ -21,8 +21,8 @@ from tqdm import tqdm
 from configurator import configure
 from model import GPT, CheckpointError, GPTConfig, cuda_graph as capture_graph, read_checkpoint
 from prepare.common import (AT_LEAST_1, DEVICE_RULE, KERNEL_RULE, PrepareError, broken_rules,
-                            check_dataset, check_outputs, lock_folder, output_file, resolve_device,
-                            unlock_folder, write_json)
+                            check_dataset, check_outputs, lock_folder, model_vocab, output_file,
+                            resolve_device, unlock_folder, write_json)
 
 # -----------------------------------------------------------------------------
 # defaults: the paper's OpenWebText setup at 124M (RMSNorm, head dim 64, batch 64 x 1024, AdamW 6e-4 -> 6e-5
@@ -352,8 +352,7 @@ def main(argv):
             sys.exit(f"error: {', '.join(changed)} in {data.dir} changed since {ckpt_path} was saved: "
                      "restore it, or pass --data_changed_ok=True to go on with this data")
 
-    V = data.meta["vocab_size"]  # gpt2's 50257 -> 50304, a multiple of 64, as nanoGPT: faster matmuls
-    V = (V + 63) // 64 * 64 if data.meta.get("tokenizer") == "gpt2" else V
+    V = model_vocab(data.meta)
     margs = {**{k: cfg[k] for k in MODEL_KEYS}, "vocab_size": V}
     iter_num, best_val_loss = (ckpt["iter_num"], ckpt["best_val_loss"]) if resume else (0, 1e9)
     torch.manual_seed(seed)

@@ -129,6 +129,13 @@ def codec(meta):
     return encode, lambda ids: "".join(itos[i] for i in ids)
 
 
+def model_vocab(meta):
+    """The vocab_size of train.py's model for data with this meta.json: gpt2's 50257 padded to 50304 (a
+    multiple of 64, as nanoGPT: faster matmuls), else meta's own."""
+    V = meta["vocab_size"]
+    return (V + 63) // 64 * 64 if meta.get("tokenizer") == "gpt2" else V
+
+
 def format_module(meta):
     """The prepare/ module meta.json's "format" names (decode, encode, save_sample), or None."""
     if not meta.get("format"):

@@ -19,6 +19,7 @@ from test_train import TINY, TRAIN, refused
 import eval_downstream as ed
 import eval_extrapolation as ex
 import eval_frequencies as ef
+import sample
 from model import GPT, GPTConfig
 from prepare import common
 
@@ -135,20 +136,25 @@ def eval_output(script, option, fault):
 
 
 def sample_save(meta, ext, fault):
-    """sample.py --save's helper as sample.py calls it: the format's file (JSB: .mid) or text."""
+    """sample.py --save into a read-only folder (refused before the checkpoint is read) or as the
+    disk fills after that check: the format's file (JSB: .mid) or text."""
     def case(data_root, tmp_path, disk, monkeypatch):
         if ext == ".mid":
             pytest.importorskip("symusic")
-        disk(tmp_path, fault)
-        ids = [0] + [40, 35, 30, 25] * 8
-
-        def save(argv):
-            common.save_sample(ids, meta, tmp_path / "s_0", common.codec(meta)[1])
-        assert str(tmp_path / f"s_0{ext}") in script_error(partial(common.run_main, save), [])
-        assert os.listdir(tmp_path) == []
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=meta["vocab_size"]))
+        torch.save({"model": model.state_dict(), "model_args": dataclasses.asdict(model.config),
+                    "config": {}, "meta": meta}, tmp_path / "m.pt")
+        (tmp_path / "out").mkdir()
+        disk(tmp_path / "out", fault, common.PROBE_BYTES + 10)
+        argv = [f"--ckpt={tmp_path / 'm.pt'}", "--device=cpu", "--num_samples=1", "--max_new_tokens=40",
+                f"--save={tmp_path / 'out' / 's'}"]
+        assert str(tmp_path / "out" / "s_0") in script_error(sample.main, argv)
+        assert os.listdir(tmp_path / "out") == []
     return case
 
 
+TEXT = {"vocab_size": 27, "itos": list("\nabcdefghijklmnopqrstuvwxyz")}  # (sample.py's prompt: "\n")
 OUTPUTS = {
     "train: a new run in a read-only folder": train_new_run,
     "train: an old run's read-only out_dir": train_old_run,
@@ -162,8 +168,8 @@ OUTPUTS = {
     "eval_downstream --json on a full disk": eval_output(ed, "--json", "full"),
     "sample --save of a JSB sample (.mid) on a full disk": sample_save(
         {"format": "jsb", "vocab_size": 90, "itos": [str(i) for i in range(90)]}, ".mid", "full"),
-    "sample --save of text in a read-only folder": sample_save(
-        {"vocab_size": 45, "itos": [chr(97 + i) for i in range(45)]}, ".txt", "read-only"),
+    "sample --save of text on a full disk": sample_save(TEXT, ".txt", "full"),
+    "sample --save of text in a read-only folder": sample_save(TEXT, ".txt", "read-only"),
 }
 
 
