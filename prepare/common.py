@@ -129,6 +129,16 @@ def codec(meta):
     return encode, lambda ids: "".join(itos[i] for i in ids)
 
 
+def utf8(data, path, offset=0):
+    """data (bytes read from path at offset) as text; a byte that is not UTF-8 is a PrepareError naming
+    the file and the byte's offset (Python's own decoding would put U+FFFD there or raise mid-run)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PrepareError(f"{path}: not UTF-8 at byte {offset + e.start} (0x{data[e.start]:02x}); "
+                           "convert it to UTF-8 (e.g. iconv -t UTF-8)") from None
+
+
 def model_vocab(meta):
     """The vocab_size of train.py's model for data with this meta.json: gpt2's 50257 padded to 50304 (a
     multiple of 64, as nanoGPT: faster matmuls), else meta's own."""

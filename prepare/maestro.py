@@ -44,6 +44,7 @@ transposing the MIDI, which tests check); one that would push a note out of
 """
 
 import csv
+import io
 import os
 import sys
 import zipfile
@@ -224,8 +225,8 @@ def find_csv(folder):
 
 
 def read_rows(csv_path):
-    with open(csv_path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+    text = common.utf8(Path(csv_path).read_bytes(), csv_path)
+    rows = list(csv.DictReader(io.StringIO(text, newline="")))
     if not rows:
         raise common.PrepareError(f"{csv_path} lists no MIDI files (empty input)")
     for col in ("split", "midi_filename"):
