@@ -186,6 +186,8 @@ FAULTS = {  # name: (how the copy is damaged, the file named, whether meta.json 
     "token id >= vocab_size": (lambda d: np.full(460, 67, np.uint16).tofile(d / "val.bin"), "val.bin", True),
     "mask all zeros": (lambda d: np.zeros(920, np.uint8).tofile(d / "train_mask.bin"), "train_mask.bin",
                        True),
+    "a mask byte of 7": (lambda d: np.full(920, 7, np.uint8).tofile(d / "train_mask.bin"),
+                         "train_mask.bin", True),  # (it would weigh those tokens 7 times)
 }
 
 
