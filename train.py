@@ -189,8 +189,10 @@ class Data:
             raise PrepareError(f"{path} holds rows of {self.row_len} tokens: block_size must be >= {self.T}")
         names = [f for s in sorted(set(splits)) for f in (f"{s}.bin", f"{s}_mask.bin")]
         self.files = {f: open(f"{path}/{f}", "rb") for f in names if os.path.exists(f"{path}/{f}")}
-        self.sizes = {f: os.fstat(h.fileno()).st_size for f, h in self.files.items()}  # (checkpoints keep it)
-        if short := [s for s in splits if self.sizes[f"{s}.bin"] <= self.T * self.dtype.itemsize]:
+        stats = {f: os.fstat(h.fileno()) for f, h in self.files.items()}
+        self.stamp = {"bytes": {f: st.st_size for f, st in stats.items()},  # (checkpoints keep it: what a
+                      "mtime_ns": {f: st.st_mtime_ns for f, st in stats.items()}}  # rewrite changes)
+        if short := [s for s in splits if self.stamp["bytes"][f"{s}.bin"] <= self.T * self.dtype.itemsize]:
             raise PrepareError(f"{path}/{short[0]}.bin holds fewer than block_size + 1 = {self.T + 1} tokens")
 
     def arrays(self, split, masked=True):  # a fresh memmap per batch, as nanoGPT does, avoids a memory leak
@@ -345,9 +347,10 @@ def main(argv):
     master, resume, device_type = rank == 0, init_from == "resume", dev.split(":")[0]
     accum, ckpt_path = gradient_accumulation_steps // world, os.path.join(out_dir, "ckpt.pt")
     data = Data(f"{data_dir}/{dataset}", block_size, eval_splits.split(",") + ["train"] * (not eval_only))
-    if resume:  # a resume goes on with the data of its checkpoint (meta.json and the file sizes)
+    if resume:  # a resume goes on with the data of its checkpoint (meta.json, the files' sizes and times)
         changed = ["meta.json"] * (ckpt["meta"] != data.meta) + [
-            f for f, n in data.sizes.items() if ckpt["data"]["bytes"].get(f, n) != n]
+            f for f in data.files if any(ckpt["data"].get(k, {}).get(f, now[f]) != now[f]
+                                         for k, now in data.stamp.items())]
         if changed and not data_changed_ok:
             sys.exit(f"error: {', '.join(changed)} in {data.dir} changed since {ckpt_path} was saved: "
                      "restore it, or pass --data_changed_ok=True to go on with this data")
@@ -412,7 +415,7 @@ def main(argv):
             if master and iter_num > it_start and (improved or always_save_checkpoint or "val" not in res):
                 state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "config": cfg,
                          "model_args": margs, "iter_num": iter_num, "best_val_loss": best_val_loss,
-                         "meta": data.meta, "data": {"bytes": data.sizes}}
+                         "meta": data.meta, "data": data.stamp}
                 with output_file(ckpt_path) as f:  # whole or not at all: a crash leaves the old one
                     torch.save(state, f)
                 print(f"saved checkpoint to {ckpt_path}")
