@@ -421,6 +421,9 @@ def check_dataset(data_dir, splits=("train", "val"), scan=True):
     def fail(path, what):
         raise PrepareError(f"{path}: {what}; {_rebuild_hint(d, meta)}".replace("\n", " "))
 
+    if not d.is_dir() and d.with_name(f"{d.name}.old").is_dir():  # (a prepare run killed between renames)
+        fail(d, f"no such dataset folder, but {d.name}.old beside it holds the last set: the next prepare "
+             f"run puts it back (or mv {d.name}.old {d.name})")
     if not mp.is_file():
         fail(mp if d.is_dir() else d, "missing" if d.is_dir() else "no such dataset folder")
     try:

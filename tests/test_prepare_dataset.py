@@ -97,8 +97,9 @@ def test_an_error_or_a_kill_leaves_a_complete_set_and_the_next_run_cleans_up(old
         assert r.returncode == -signal.SIGKILL, r.stderr
     if point == "renames":  # out_dir is gone, the complete old set waits beside it
         assert not out.exists() and snapshot(out.parent / "ii.old") == old
-        with pytest.raises(common.PrepareError, match=str(out)):
+        with pytest.raises(common.PrepareError, match=str(out)) as e:
             common.check_dataset(out)
+        assert "ii.old" in str(e.value)  # (where the set is)
     else:
         assert common.check_dataset(out, common.SPLITS)["row_len"] == (31 if point == "swapped" else 23)
         assert point == "swapped" or snapshot(out) == old
