@@ -59,7 +59,8 @@ def configure(argv, defaults, doc=""):
             try:
                 exec(compile(text, arg, "exec"), {}, scope)
             except Exception as e:  # a syntax error, or one the file raises: one line, where it is
-                lines = [t.lineno for t in traceback.extract_tb(e.__traceback__) if t.filename == arg]
+                tb = traceback.extract_tb(e.__traceback__)
+                lines = [t.lineno for t in tb if t.filename == arg]
                 line = lines[-1] if lines else getattr(e, "lineno", "?")
                 sys.exit(f"error: config file {arg}, line {line}: {type(e).__name__}: {e}; fix it")
             for k, v in scope.items():

@@ -31,7 +31,7 @@ T_IMPORTS = time.perf_counter()
 GRAPH_MIN_TOKENS = 32  # --decode=auto: eager below this many new tokens, where capturing does not pay
 FLAGS = {  # flag: (its rule, what it must be), as train.py's RULES; None: not given
     **dict.fromkeys(("num_samples", "max_new_tokens", "top_k", "context"), AT_LEAST_1),
-    "temperature": (lambda v, a: 0 <= v < math.inf, ">= 0 and finite (0: greedy)"),  # (nan: uniform)
+    "temperature": (lambda v, a: 0 <= v < math.inf, ">= 0 and finite (0: greedy)"),  # (nan: flat)
     "device": DEVICE_RULE,
 }
 
@@ -54,7 +54,7 @@ def main(argv=None):
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     p.add_argument("--top_k", type=int, default=200)
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default="auto", help="auto (cuda where there is a GPU), cpu, cuda[:N]")
+    p.add_argument("--device", default="auto", help="auto (cuda if there is a GPU), cpu, cuda[:N]")
     p.add_argument("--context", type=int, default=None, help="KV cache positions (default: block_size)")
     p.add_argument("--decode", default="auto", choices=["auto", "eager", "graph", "compile"],
                    help=f"auto: graph on CUDA for more than {GRAPH_MIN_TOKENS} new tokens, else eager")
@@ -93,9 +93,10 @@ def main(argv=None):
         fmt = format_module(meta)
     except (CheckpointError, PrepareError, ValueError) as e:
         die(e)
-    if "vocab_size" in meta and model_vocab(meta) != model.config.vocab_size:  # (else silently wrong ids)
-        die(f"{ckpt_path}: its model has vocab_size {model.config.vocab_size}, its meta's tokenizer "
-            f"{model_vocab(meta)}: save it with the meta.json of the data it was trained on")
+    V = model.config.vocab_size
+    if "vocab_size" in meta and model_vocab(meta) != V:  # (sampling would draw wrong ids silently)
+        die(f"{ckpt_path}: its model has vocab_size {V}, its meta's tokenizer {model_vocab(meta)}: "
+            "save it with the meta.json of the data it was trained on")
     if fmt is not None:  # the dataset's own token names, e.g. "<s> C5 G4 E4 C3" for JSB
         enc = getattr(fmt, "encode_prompt", None) or getattr(fmt, "encode", None)  # a prompt is left open
         encode = (lambda s: enc(s, meta)) if enc else encode  # noqa: E731
@@ -123,9 +124,11 @@ def main(argv=None):
         print(f"decoding: {mode}, {'bf16 autocast' if amp else dtype}, KV cache of {context} positions, "
               f"one-token steps: {model.attention_path(T=context, decoding=True)}", file=sys.stderr)
         try:
-            x = torch.tensor(ids, dtype=torch.long, device=device)[None, :].repeat(args.num_samples, 1)
-            y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                               vocab_size=meta.get("vocab_size"), context=context, mode=mode, times=times)
+            x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]
+            x = x.repeat(args.num_samples, 1)
+            y = model.generate(x, args.max_new_tokens, temperature=args.temperature,
+                               top_k=args.top_k, vocab_size=meta.get("vocab_size"), context=context,
+                               mode=mode, times=times)
         except RuntimeError as e:  # (torch.OutOfMemoryError on CUDA; the CPU's allocator says so)
             if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
                 raise
@@ -135,9 +138,10 @@ def main(argv=None):
         print(decode(row) + "\n---------------")
         if args.save:
             try:
-                print(f"wrote {save_sample(row, meta, f'{args.save}_{i}', decode)}", file=sys.stderr)
+                path = save_sample(row, meta, f"{args.save}_{i}", decode)
             except PrepareError as e:  # (a full disk, a read-only folder: no partial file stays)
                 die(e)
+            print(f"wrote {path}", file=sys.stderr)
     B, n = args.num_samples, args.max_new_tokens - 1  # the first new token comes from the prefill
     print(f"prefill: {B} x {len(ids)} tokens in {times['prefill'] * 1e3:,.1f} ms; time to first token "
           f"{t0 - T_START + times['prefill']:.2f} s since start (imports {T_IMPORTS - T_START:.2f} s, "

@@ -189,10 +189,11 @@ class Data:
             raise PrepareError(f"{path} holds rows of {self.row_len} tokens: block_size must be >= {self.T}")
         names = [f for s in sorted(set(splits)) for f in (f"{s}.bin", f"{s}_mask.bin")]
         self.files = {f: open(f"{path}/{f}", "rb") for f in names if os.path.exists(f"{path}/{f}")}
-        stats = {f: os.fstat(h.fileno()) for f, h in self.files.items()}
-        self.stamp = {"bytes": {f: st.st_size for f, st in stats.items()},  # (checkpoints keep it: what a
-                      "mtime_ns": {f: st.st_mtime_ns for f, st in stats.items()}}  # rewrite changes)
-        if short := [s for s in splits if self.stamp["bytes"][f"{s}.bin"] <= self.T * self.dtype.itemsize]:
+        stats = {f: os.fstat(h.fileno()) for f, h in self.files.items()}  # what a rewrite changes:
+        self.stamp = {"bytes": {f: st.st_size for f, st in stats.items()},  # (checkpoints keep it)
+                      "mtime_ns": {f: st.st_mtime_ns for f, st in stats.items()}}
+        sizes = self.stamp["bytes"]
+        if short := [s for s in splits if sizes[f"{s}.bin"] <= self.T * self.dtype.itemsize]:
             raise PrepareError(f"{path}/{short[0]}.bin holds fewer than block_size + 1 = {self.T + 1} tokens")
 
     def arrays(self, split, masked=True):  # a fresh memmap per batch, as nanoGPT does, avoids a memory leak
@@ -347,7 +348,7 @@ def main(argv):
     master, resume, device_type = rank == 0, init_from == "resume", dev.split(":")[0]
     accum, ckpt_path = gradient_accumulation_steps // world, os.path.join(out_dir, "ckpt.pt")
     data = Data(f"{data_dir}/{dataset}", block_size, eval_splits.split(",") + ["train"] * (not eval_only))
-    if resume:  # a resume goes on with the data of its checkpoint (meta.json, the files' sizes and times)
+    if resume:  # a resume goes on with its checkpoint's data (meta.json, files' sizes and times)
         changed = ["meta.json"] * (ckpt["meta"] != data.meta) + [
             f for f in data.files if any(ckpt["data"].get(k, {}).get(f, now[f]) != now[f]
                                          for k, now in data.stamp.items())]

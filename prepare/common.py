@@ -130,8 +130,8 @@ def codec(meta):
 
 
 def utf8(data, path, offset=0):
-    """data (bytes read from path at offset) as text; a byte that is not UTF-8 is a PrepareError naming
-    the file and the byte's offset (Python's own decoding would put U+FFFD there or raise mid-run)."""
+    """data (bytes read from path at offset) as text; a byte that is not UTF-8 is a PrepareError
+    naming the file and the byte's offset (Python's decoding puts U+FFFD there or fails mid-run)."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -140,8 +140,8 @@ def utf8(data, path, offset=0):
 
 
 def model_vocab(meta):
-    """The vocab_size of train.py's model for data with this meta.json: gpt2's 50257 padded to 50304 (a
-    multiple of 64, as nanoGPT: faster matmuls), else meta's own."""
+    """The vocab_size of train.py's model for data with this meta.json: gpt2's 50257 padded to 50304
+    (a multiple of 64, as nanoGPT: faster matmuls), else meta's own."""
     V = meta["vocab_size"]
     return (V + 63) // 64 * 64 if meta.get("tokenizer") == "gpt2" else V
 
@@ -421,9 +421,9 @@ def check_dataset(data_dir, splits=("train", "val"), scan=True):
     def fail(path, what):
         raise PrepareError(f"{path}: {what}; {_rebuild_hint(d, meta)}".replace("\n", " "))
 
-    if not d.is_dir() and d.with_name(f"{d.name}.old").is_dir():  # (a prepare run killed between renames)
-        fail(d, f"no such dataset folder, but {d.name}.old beside it holds the last set: the next prepare "
-             f"run puts it back (or mv {d.name}.old {d.name})")
+    if not d.is_dir() and d.with_name(f"{d.name}.old").is_dir():  # (prepare killed between renames)
+        fail(d, f"no such dataset folder, but {d.name}.old beside it holds the last set: the next "
+             f"prepare run puts it back (or mv {d.name}.old {d.name})")
     if not mp.is_file():
         fail(mp if d.is_dir() else d, "missing" if d.is_dir() else "no such dataset folder")
     try:
@@ -454,8 +454,10 @@ def check_dataset(data_dir, splits=("train", "val"), scan=True):
         if scan and (top := int(np.memmap(path, dtype=dtype, mode="r").max())) >= V:  # (pages, not RAM)
             fail(path, f"token id {top} is >= vocab_size {V}")
         top = int(np.memmap(mpath, np.uint8, mode="r").max()) if scan and mpath.exists() else 1
-        if top != 1:  # (a 7 would weigh its token 7 times in the loss)
-            fail(mpath, "scores no token (all zeros)" if top == 0 else f"holds {top}: a mask is 0 or 1")
+        if top == 0:
+            fail(mpath, "scores no token (all zeros)")
+        if top > 1:  # (a 7 would weigh its token 7 times in the loss)
+            fail(mpath, f"holds {top}: a mask is 0 or 1")
     return meta
 
 

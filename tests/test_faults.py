@@ -142,19 +142,20 @@ def sample_save(meta, ext, fault):
         if ext == ".mid":
             pytest.importorskip("symusic")
         torch.manual_seed(0)
-        model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=meta["vocab_size"]))
-        torch.save({"model": model.state_dict(), "model_args": dataclasses.asdict(model.config),
+        V = meta["vocab_size"]
+        cfg = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=V)
+        torch.save({"model": GPT(cfg).state_dict(), "model_args": dataclasses.asdict(cfg),
                     "config": {}, "meta": meta}, tmp_path / "m.pt")
         (tmp_path / "out").mkdir()
         disk(tmp_path / "out", fault, common.PROBE_BYTES + 10)
-        argv = [f"--ckpt={tmp_path / 'm.pt'}", "--device=cpu", "--num_samples=1", "--max_new_tokens=40",
-                f"--save={tmp_path / 'out' / 's'}"]
+        argv = [f"--ckpt={tmp_path / 'm.pt'}", "--device=cpu", "--num_samples=1",
+                "--max_new_tokens=40", f"--save={tmp_path / 'out' / 's'}"]
         assert str(tmp_path / "out" / "s_0") in script_error(sample.main, argv)
         assert os.listdir(tmp_path / "out") == []
     return case
 
 
-TEXT = {"vocab_size": 27, "itos": list("\nabcdefghijklmnopqrstuvwxyz")}  # (sample.py's prompt: "\n")
+TEXT = {"vocab_size": 27, "itos": list("\nabcdefghijklmnopqrstuvwxyz")}  # (the prompt: "\n")
 OUTPUTS = {
     "train: a new run in a read-only folder": train_new_run,
     "train: an old run's read-only out_dir": train_old_run,

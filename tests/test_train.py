@@ -408,15 +408,16 @@ def test_data_swapped_under_a_run_and_before_a_resume(data_root, tmp_path):
 
 
 def test_a_split_rewritten_in_place_before_a_resume_is_refused(data_root, tmp_path):
-    """train.bin rewritten at the same size, one token changed within the vocabulary (meta.json and the
-    sizes as before): the resume names it, the checkpoint unchanged; --data_changed_ok=True goes on."""
+    """train.bin rewritten at the same size, one token changed within the vocabulary (meta.json and
+    the sizes as before): the resume names it, the checkpoint unchanged; --data_changed_ok=True goes
+    on."""
     shutil.copytree(data_root / "toy", tmp_path / "d" / "toy")
     common = [TRAIN, f"--data_dir={tmp_path / 'd'}", "--dataset=toy"] + TINY + ["--out_dir=o"]
     run_here(common + ["--max_iters=2", "--eval_interval=2"], tmp_path)
     before = (tmp_path / "o" / "ckpt.pt").read_bytes()
     tokens = np.fromfile(tmp_path / "d" / "toy" / "train.bin", np.uint16)
     tokens[100] = (tokens[100] + 1) % 20
-    with open(tmp_path / "d" / "toy" / "train.bin", "r+b") as f:  # in place: the same file, its size
+    with open(tmp_path / "d" / "toy" / "train.bin", "r+b") as f:  # in place: the file, its size
         f.write(tokens.tobytes())
     resume = common + ["--init_from=resume", "--max_iters=4"]
     refused(run_here(resume, tmp_path, check=False), "train.bin", "--data_changed_ok")
