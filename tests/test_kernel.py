@@ -1,5 +1,6 @@
 """The PoPE Triton kernels on the CPU, under Triton's interpreter, against float64 references written here
-from the formula (not model.py's code), on seeded inputs; every buffer the kernels fill starts as NaN.
+from the formula (not model.py's code, but its one definition of the magnitudes mu, model.pope_magnitude:
+helpers.pope_magnitude_f64), on seeded inputs; every buffer the kernels fill starts as NaN.
 
 Triton reads TRITON_INTERPRET when it is first imported: unless the whole run has TRITON_INTERPRET=1,
 test_interpreter_suite runs this file again in a fresh `python -m pytest` with it set (started at
@@ -13,7 +14,7 @@ import tempfile
 
 import pytest
 import torch
-from helpers import NAMES, large_weights_, pope_einsum_f64, rel_err
+from helpers import NAMES, large_weights_, pope_einsum_f64, pope_magnitude_f64, rel_err
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -244,14 +245,10 @@ def test_the_autotuners_pick_runs(monkeypatch):
 # -----------------------------------------------------------------------------
 # the decoding kernel (pope_kernel.decode_attention: KVCache's one-token step)
 
-def softplus_f64(x):
-    return torch.logaddexp(x.double(), torch.zeros((), dtype=torch.float64))
-
-
 def check_decode(mode, D, dtype, seed, N, positions, B=2, H=2, **kw):
     """decode_attention at each pos against softmax_s(scale a_s) v_s in float64 over slots 0..pos-1 and the
     new k, v at pos. "ready": a_s = q . k_s; "rope": q, k rotated by pos * inv_freq first; "pope": a_s = sum_c
-    mu_q,c mu_k,sc cos((s - pos) theta_c + delta_c) over a cache of mu = softplus (phases rounded to float32
+    mu_q,c mu_k,sc cos((s - pos) theta_c + delta_c) over a cache of magnitudes mu (phases rounded to float32
     as the kernel's). Slots >= pos start as NaN; then slot pos holds the (turned) k, the others are as they
     were, and the chunks' tally is zero."""
     g = torch.Generator().manual_seed(seed)
@@ -266,7 +263,7 @@ def check_decode(mode, D, dtype, seed, N, positions, B=2, H=2, **kw):
         q, k = ((2 * torch.randn(B, H, 1, Dk, generator=g)).to(dtype) for _ in range(2))
         v = torch.randn(B, H, 1, D, generator=g).to(dtype)
         kc = torch.randn(B, H, N, Dk, generator=g)
-        kc = (softplus_f64(2 * kc) if mode == "pope" else kc).to(dtype)
+        kc = (pope_magnitude_f64(2 * kc) if mode == "pope" else kc).to(dtype)
         vc = torch.randn(B, H, N, D, generator=g).to(dtype)
         kc[:, :, pos:], vc[:, :, pos:] = float("nan"), float("nan")
         was = kc.clone(), vc.clone()
@@ -277,14 +274,16 @@ def check_decode(mode, D, dtype, seed, N, positions, B=2, H=2, **kw):
                          for x in (new_k, qt))
         a = (torch.cat([kc[:, :, :pos].double(), new_k], 2) @ qt.mT)[..., 0]
         if mode == "pope":
-            new_k = softplus_f64(k)
+            new_k = pope_magnitude_f64(k)
             rel = torch.arange(-pos, 1, dtype=torch.float32)  # s - pos; the phase as float32 makes it
             phase = ((rel[:, None] * th).double() + turn["delta"].double()[:, None, :]).float().double()
-            a = (softplus_f64(q) * torch.cat([kc[:, :, :pos].double(), new_k], 2) * torch.cos(phase)).sum(-1)
+            keys = torch.cat([kc[:, :, :pos].double(), new_k], 2)
+            a = (pope_magnitude_f64(q) * keys * torch.cos(phase)).sum(-1)
         ref = torch.softmax(scale * a, -1)[:, :, None] @ torch.cat([vc[:, :, :pos], v], 2).double()
         out = pk.decode_attention(q, k, v, kc, vc, torch.tensor([pos]), scale, counts=counts, **turn, **kw)
         assert out.shape == (B, H, 1, D) and out.dtype == dtype, f"{what}: {tuple(out.shape)} {out.dtype}"
-        assert rel_err(out, ref) < BOUND[dtype][0], f"{what}: rel err {rel_err(out, ref):.2e} (NaN: >pos)"
+        err = rel_err(out, ref)
+        assert err < BOUND[dtype][0], f"{what}: out rel err {err:.2e} (NaN: >pos)"
         assert rel_err(kc[:, :, pos:pos + 1], new_k) < BOUND[dtype][0], f"{what}: slot pos holds a wrong key"
         was[0][:, :, pos], was[1][:, :, pos] = kc[:, :, pos], v[:, :, 0]
         for got, want in zip((kc, vc), was):
