@@ -3,27 +3,23 @@ Does PoPE's phase bias delta keep learning from zero init? A CPU toy for each wa
 keeping it in [-2pi, 0] (model.pope_delta: wrap, clamp, project).
 
 Usage:
-    python results/delta_toy.py [--seeds 100] [--steps 20] [--lr 1e-2] [--json results/delta/toy.json]
+    python results/delta_toy.py [--seeds 100] [--steps 20] [--lr 1e-2]
 
 Per seed: a 1-layer, 2-head, 32-wide PoPE GPT (vocabulary 37, context 16, delta from
 zero, the language models' init), AdamW on one fixed random batch of 8 x 16 tokens.
 After the last step: the share of delta entries whose gradient is non-zero, and the
 share whose phase (pope_delta of the parameter) is more than 0.01 rad from 0. Prints
-mean, min and max over seeds; --json writes every seed's two shares (RESULTS.md's table reads them).
-tests/test_model.py asserts the same for one seed.
+mean, min and max over seeds. tests/test_model.py asserts the same for one seed.
 """
 
 import argparse
-import datetime
 import os
-import subprocess
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from model import GPT, GPTConfig, pope_delta  # noqa: E402
-from prepare.common import write_json  # noqa: E402
 
 
 def run(bound, seed, steps, lr):
@@ -50,28 +46,16 @@ def main():
     ap.add_argument("--seeds", type=int, default=100, help="seeds 0..N-1 per bound")
     ap.add_argument("--steps", type=int, default=20, help="AdamW steps")
     ap.add_argument("--lr", type=float, default=1e-2, help="learning rate")
-    ap.add_argument("--json", default=None, help="write every seed's shares here, with the provenance")
     args = ap.parse_args()
     torch.set_num_threads(1)
     print(f"{args.seeds} seeds, {args.steps} AdamW steps, lr {args.lr}, torch {torch.__version__}")
     print("| bound | delta entries with a gradient at the last step: mean (min-max) | moved > 0.01 rad: mean (min-max) |")
     print("|---|---|---|")
-    rows = []
     for bound in ("clamp", "project", "wrap"):
         res = [run(bound, s, args.steps, args.lr) for s in range(args.seeds)]
-        rows += [{"bound": bound, "seed": s, "live": a, "moved": b} for s, (a, b) in enumerate(res)]
         live, moved = zip(*res)
         print(f"| {bound} | {sum(live) / len(live):.1%} ({min(live):.0%}-{max(live):.0%}) | "
               f"{sum(moved) / len(moved):.1%} ({min(moved):.0%}-{max(moved):.0%}) |")
-    if args.json:
-        def git(*a):
-            return subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()
-        head = {"command": " ".join(["python", "results/delta_toy.py"] + sys.argv[1:]),
-                "commit": os.environ.get("POPE_COMMIT") or git("rev-parse", "HEAD") or "unknown",
-                "dirty": "yes" if git("status", "--porcelain", "-uno") else "no",
-                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                "torch": torch.__version__, "seeds": args.seeds, "steps": args.steps, "lr": args.lr}
-        write_json(args.json, {"header": head, "rows": rows})
 
 
 if __name__ == "__main__":
