@@ -152,8 +152,7 @@ def test_auto_takes_the_pytorch_path_past_1024_tokens_compiled():
 def test_compiled_bf16_gradients_equal_eager():
     """JSB's shape (T = 2047), bf16, evaluated first as train.py does: every parameter's gradient under
     torch.compile within 5% (norm-wise) of eager's. With q, k, v made by a view-permute-unbind, layer 0's had
-    relative errors of 1 to 7,550 or NaN in every run (results/tasks/jsb-compile-nan/gradcmp, in git at
-    26efb57)."""
+    relative errors of 1 to 7,550 or NaN in every run (results/tasks/jsb-compile-nan/gradcmp)."""
     from model import GPT, GPTConfig
     for pos_emb in ("pope", "rope"):
         torch.manual_seed(1340)
