@@ -4,10 +4,11 @@ The prompt (--start, or FILE:path to read it) is written in the dataset's own fo
 prepare/ format's token names (python prepare/NAME.py --help); without it, the format's start of a piece.
 Decoding runs on a static KV cache of --context positions (default block_size; PoPE counts on past it).
 A longer prompt keeps its last tokens; once a sample fills the cache, each token is computed from the last
---context tokens from scratch. --decode: graph (CUDA default) replays the one-token step as a CUDA graph,
-compile compiles it first, eager (CPU default) calls it from Python. --dtype: bf16 weights on CUDA by
-default (PoPE's delta and the frequencies stay float32); autocast computes as train.py does. Samples go to
-stdout, timings to stderr; --save=PREFIX also writes PREFIX_<i>.txt, or the dataset's own format (e.g. .mid).
+--context tokens from scratch. --decode: graph replays the one-token step as a CUDA graph, compile compiles
+it first, eager calls it from Python; auto (default) takes graph on CUDA unless the sample is short.
+--dtype: bf16 weights on CUDA by default (PoPE's delta and the frequencies stay float32); autocast computes
+as train.py does. Samples go to stdout, timings to stderr; --save=PREFIX also writes PREFIX_<i>.txt, or
+the dataset's own format (e.g. .mid).
 """
 
 import time  # first: the time to the first token counts from here
@@ -24,6 +25,26 @@ import torch  # noqa: E402
 from model import CheckpointError, load_checkpoint  # noqa: E402
 from prepare.common import PrepareError, check_outputs, codec, die  # noqa: E402
 
+T_IMPORTS = time.perf_counter()
+GRAPH_MIN_TOKENS = 32  # --decode=auto: eager below this many new tokens, where capturing does not pay
+
+
+def pick_device(name):
+    """torch.device(name), CUDA's with its index ("cuda": the current device), where the graph is captured."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        die(f"--device={name} is not a device; use cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        die(f"--device={name}: this machine has no CUDA GPU; use --device=cpu")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cuda" and device.index >= torch.cuda.device_count():
+        die(f"--device={name}: this machine has {torch.cuda.device_count()} CUDA GPUs (cuda:0 ...)")
+    if device.type not in ("cpu", "cuda"):
+        die(f"--device={name}: sample.py runs on cpu or cuda[:N]")
+    return device
+
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -37,17 +58,21 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--context", type=int, default=None, help="KV cache positions (default: block_size)")
-    p.add_argument("--decode", default="auto", choices=["auto", "eager", "graph", "compile"])
-    p.add_argument("--compile", action="store_true", help="--decode=compile")
+    p.add_argument("--decode", default="auto", choices=["auto", "eager", "graph", "compile"],
+                   help=f"auto: graph on CUDA for more than {GRAPH_MIN_TOKENS} new tokens, else eager")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "autocast"])
     p.add_argument("--save", default=None, help="also write sample i to PREFIX_i.txt (or .mid)")
     args = p.parse_args(argv)
     bad = [f"--{k} must be >= 1" for k in ("num_samples", "max_new_tokens", "top_k") if getattr(args, k) < 1]
     if bad or not 0 <= args.temperature < float("inf"):  # (inf or nan would sample uniformly, silently)
         die((bad or [f"--temperature must be >= 0 and finite (0 = greedy), got {args.temperature}"])[0])
-    cuda = args.device.startswith("cuda")
-    mode = "compile" if args.compile else args.decode
-    mode = ("graph" if cuda else "eager") if mode == "auto" else mode
+    if args.context is not None and args.context < 1:
+        die(f"--context must be >= 1 (default: the checkpoint's block_size), got {args.context}")
+    device = pick_device(args.device)
+    cuda = device.type == "cuda"
+    mode = args.decode
+    if mode == "auto":  # a graph's capture costs about as much as a few dozen eager steps
+        mode = "graph" if cuda and args.max_new_tokens > GRAPH_MIN_TOKENS else "eager"
     if mode != "eager" and not cuda:
         sys.exit(f"error: --decode={mode} needs CUDA; use --decode=eager on {args.device}")
     start = args.start
@@ -57,10 +82,17 @@ def main(argv=None):
                 start = f.read()
         except (OSError, UnicodeDecodeError) as e:
             sys.exit(f"error: --start={start}: cannot read a UTF-8 prompt from it ({e})")
+    elif start is not None and not start.isascii():  # argv's undecodable bytes arrive as surrogates
+        try:
+            start.encode("utf-8")
+        except UnicodeEncodeError:
+            die("--start is not valid UTF-8; fix its encoding or pass it as --start=FILE:path")
     try:
         if args.save:  # before the slow part
             check_outputs(save=f"{args.save}_0")
-        model, ckpt = load_checkpoint(args.ckpt or os.path.join(args.out_dir, "ckpt.pt"), device=args.device)
+        t_load = time.perf_counter()
+        model, ckpt = load_checkpoint(args.ckpt or os.path.join(args.out_dir, "ckpt.pt"), device=device)
+        t_load = time.perf_counter() - t_load
         meta = ckpt.get("meta", {})
         encode, decode = codec(meta)
         fmt = importlib.import_module("prepare." + meta["format"]) if meta.get("format") else None
@@ -83,14 +115,14 @@ def main(argv=None):
               f"{context} (--context=N holds more)", file=sys.stderr)
         ids = ids[-context:]
     torch.manual_seed(args.seed)
-    x = torch.tensor(ids, dtype=torch.long, device=args.device)[None, :].repeat(args.num_samples, 1)
+    x = torch.tensor(ids, dtype=torch.long, device=device)[None, :].repeat(args.num_samples, 1)
     dtype = ("bfloat16" if cuda else "float32") if args.dtype == "auto" else args.dtype
     if not (amp := dtype == "autocast"):  # (the checkpoint's weights are float32)
         model.cast_weights_(getattr(torch, dtype))
     if cuda:
-        torch.cuda.set_device(args.device)  # the CUDA graph is captured on the current device's streams
+        torch.cuda.set_device(device)  # the CUDA graph is captured on the current device's streams
     times, t0 = {}, time.perf_counter()
-    with torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16) if amp else nullcontext():
+    with torch.autocast(device.type, dtype=torch.bfloat16) if amp else nullcontext():
         print(f"decoding: {mode}, {'bf16 autocast' if amp else dtype}, KV cache of {context} positions, "
               f"one-token steps: {model.attention_path(T=context, decoding=True)}", file=sys.stderr)
         y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -106,7 +138,8 @@ def main(argv=None):
                 f.write(decode(row))
     B, n = args.num_samples, args.max_new_tokens - 1  # the first new token comes from the prefill
     print(f"prefill: {B} x {len(ids)} tokens in {times['prefill'] * 1e3:,.1f} ms; time to first token "
-          f"{t0 - T_START + times['prefill']:.2f} s since start", file=sys.stderr)
+          f"{t0 - T_START + times['prefill']:.2f} s since start (imports {T_IMPORTS - T_START:.2f} s, "
+          f"checkpoint {t_load:.2f} s)", file=sys.stderr)
     if n > 0:
         print(f"decode: {B} x {n} tokens in {times['decode']:.2f} s: {B * n / times['decode']:,.1f} tokens/s "
               f"(capture {times['capture']:.2f} s excluded)", file=sys.stderr)

@@ -98,7 +98,7 @@ def start_interpreter_suite():
     _SUITE["proc"] = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__)],
         env=dict(os.environ, TRITON_INTERPRET="1"), cwd=ROOT, stdout=_SUITE["log"], stderr=subprocess.STDOUT,
-        text=True, preexec_fn=lambda: os.nice(19))  # (only the CPU time the other tests leave idle)
+        text=True)  # (normal priority: at nice 19 a machine busy with other jobs starves it for minutes)
     atexit.register(_SUITE["proc"].kill)  # a session that ends before waiting for it (a no-op once it ended)
 
 
