@@ -123,6 +123,9 @@ ARMS = {"target": "loss on the target letter, weight decay 0.1",
         "all-shift_token": "every token, the shift as one of 31 tokens",
         "all-shift_token-torch": "every token, shift as one token, PyTorch path",
         "all-wd0clip0": "every token, weight decay 0, no gradient clipping"}
+# an independent, pre-registered replication on the paper's recipe, quoted (not our runs): its
+# INDIRECT_RESULTS.md and INDIRECT_RESULTS_200k.md; test accuracy over 3 seeds, solved of 8 seeds
+REPLICATION = ("PrashRangarajan/mapformer", (34.4, 39.8, 6.6, 2.1), {100: (1, 8), 200: (7, 8)})
 PAPER = {"ii": (94.82, 2.91, 11.16, 2.45), "jsb": (0.4889, 0.5081), "maestro": (1.486, 1.501),
          "genome": (4.152, 4.217), "lm": (21.33, 21.55)}  # PoPE's, RoPE's (ii: mean, std each)
 
@@ -176,15 +179,11 @@ def solved(a, pe):
 def fisher(a):
     return stats.fisher_exact([[k, n - k] for k, n in map(solved, (a, a), ("pope", "rope"))]).pvalue
 
-def t_ii_floor():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("ii", f"{R}/../prepare/indirect_indexing.py")
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    f = m.content_floor()
-    return table(["rule without positional skill (`content_floor()`)", "accuracy"], [
-        ["copy the source letter at shift 0, else guess another", f"{100 * f['copy']:.2f}%"],
-        ["the same, guessing only among letters the shift can reach", f"{100 * f['valid']:.2f}%"]])
+def ii_floors():  # the best accuracy of rules that use no positions: prepare's content_floor()
+    import runpy
+    f = runpy.run_path(f"{R}/../prepare/indirect_indexing.py")["content_floor"]()
+    return [("copy the source letter at shift 0, else guess another", f["copy"]),
+            ("the same, guessing only among letters the shift can reach", f["valid"])]
 
 def t_ii_endpoints():
     rows = []
@@ -194,8 +193,14 @@ def t_ii_endpoints():
         rows.append([arm_name(a)] + ["{} of {}".format(*solved(a, p)) for p in ("pope", "rope")]
                     + [f"{fisher(a):.2g}"] + ["{} of {}".format(*x) for x in lifted]
                     + [mean_std(arm(a, p).values(), 2) + "%" for p in ("pope", "rope")])
-    p = PAPER["ii"]
+    p, (name, q, solves) = PAPER["ii"], REPLICATION
     rows.append(["paper (3 seeds)", "", "", "", "", "", f"{p[0]} ± {p[1]}%", f"{p[2]} ± {p[3]}%"])
+    rows += [[f"floor, no positions: {n}", "", "", "", "", "", *[f"{100 * x:.2f}%"] * 2]
+             for n, x in ii_floors()]
+    rows += [[f"{name}, {k}k steps" + (" (test acc: 3 seeds)" if k == 100 else ""), "{} of {}".format(*v),
+              "" if k == 100 else "not run", "", "", "", *(
+                  [f"{q[0]} ± {q[1]}%", f"{q[2]} ± {q[3]}%"] if k == 100 else ["", ""])]
+             for k, v in solves.items()]
     return table(["arm", "PoPE solved", "RoPE solved", "Fisher p", "PoPE lifted off",
                   "RoPE lifted off", "PoPE test acc", "RoPE test acc"], rows)
 
@@ -208,9 +213,9 @@ def t_ii_seeds(arms):
                  [[str(s)] + [cell.get((a, pe, s), "") for a, pe in cols]
                   for s in sorted({k[2] for k in cell})])
 
-def t_ii_paired():
+def t_ii_paired(target):  # the target arms' comparisons (RESULTS §1), or the others'
     rows = []
-    for name, a, pa, b, pb in comparisons():
+    for name, a, pa, b, pb in [c for c in comparisons() if (c[1] in targets()) == target]:
         r = paired(arm(a, pa), arm(b, pb))
         means = [f"{statistics.mean(arm(x, p)[k] for k in r['keys']):.2f}%" for x, p in ((a, pa),
                                                                                           (b, pb))]
@@ -331,6 +336,32 @@ def t_train_step():
          f"{r['ms'] / by['pope-torch']['ms']:.3f}" if "pope" in p else ""]
         for by in map(steps, STEPS) for p, r in by.items()])
 
+# ---- sample.py's time to a sample: results/sample_time.sh's printouts in results/sample/ ----
+
+CALL = re.compile(r"^(\w+) (?:n=)?(\w+) rc=0 wall=([\d.]+) s\n(?:decoding: .*\n)?prefill: .* time to "
+                  r"first token ([\d.]+) s since start(?: \(imports ([\d.]+) s, checkpoint ([\d.]+) s\))?"
+                  r"\ndecode: .* tokens/s \(capture ([\d.]+) s", re.M)
+
+def calls(name):
+    """[(series, setting, call s, first token s, imports s, checkpoint s, capture s)] of a printout;
+    the series old and new named by the commits the files name."""
+    old = re.search(r"--- (\w+)'s sample.py", raw("sample/time-to-sample/sampletime.txt"))[1]
+    new = re.search(r"commit: (\w{7})", raw("sample/time-to-sample/env-machine.txt"))[1]
+    return [({"old": old, "new": new}.get(c[0], c[0]), *c[1:4], c[4] or "not printed",
+             c[5] or "not printed", c[6]) for c in CALL.findall(raw(f"sample/time-to-sample/{name}.txt"))]
+
+def v_sample():
+    by, d = {}, {(c[0], c[1]): c for c in calls("sampledecode")}
+    for c in calls("sampletime"):
+        by.setdefault(c[0], []).append([float(x) for x in c[2:4]])
+    (a, ra), (b, rb) = [(k, [f"{min(x):.1f}–{max(x):.1f} s" for x in zip(*v)]) for k, v in by.items()]
+    ns = sorted({n for _, n in d}, key=int)
+    return (f"A call of {b}'s sample.py took {rb[0]} (first token at {rb[1]}) against {a}'s {ra[0]} "
+            f"({ra[1]}), over {len(by[b])} and {len(by[a])} calls. " + "; ".join(
+                f"{'At' if n == ns[0] else 'at'} {int(n):,} new tokens graph decoding's call took "
+                f"{d['graph', n][2]} s (capture {d['graph', n][6]} s) against eager's {d['eager', n][2]} s"
+                for n in ns) + ".")
+
 # ---- the claims and their verdicts ----
 
 RULE = (f"A claim counts as **reproduced** where its test rejects no difference at p < {ALPHA} "
@@ -348,7 +379,12 @@ def ii_claim(a):
     r, (w, l, t, sp) = paired(arm(a, "pope"), arm(a, "rope")), first(a, "pope", a, "rope", 15)
     ours = (f"solved by PoPE on {k1} of {n1} seeds, by RoPE on {k2} of {n2} (Fisher p {fp:.2g}); "
             f"test accuracy PoPE − RoPE {says(r, 1, ' points')}, exact p {r['exact_p']:.2g}")
-    more = f"; PoPE passes 15% val accuracy first on {w} seeds, RoPE on {l}, ties {t} (sign p {sp})"
+    more = (f"; PoPE passes 15% val accuracy first on {w} of {r['n']} seeds, RoPE on {l}, "
+            f"ties (the same eval, or neither) {t} (sign p {sp})")
+    for name, x, pe, b, _ in comparisons():
+        if x == a and b != a:  # this arm against target/'s weight decay 0.1 on the same seeds
+            rb = paired(arm(a, pe), arm(b, pe))
+            more += f"; {name}: {says(rb, 1, ' points')}, exact p {rb['exact_p']:.2g}"
     paper = "PoPE {} ± {}%, RoPE {} ± {}% (3 seeds)".format(*PAPER["ii"])
     name = f"Indirect indexing, {arm_name(a)}: PoPE solves the task, RoPE does not"
     return name, paper, ours, word, "§1", ours + more
@@ -403,16 +439,21 @@ def v_delta():
 
 # ---- the documents' marked blocks ----
 
-TABLES = {f.__name__[2:]: f for f in (t_ii_floor, t_ii_endpoints, t_ii_paired, t_tasks,
+TABLES = {f.__name__[2:]: f for f in (t_ii_endpoints, t_tasks,
                                       t_tasks_paired, t_lm_ppl, t_lm_paired, t_train_step)}
 TABLES.update(
+    **{f"sample_{k}": functools.partial(lambda k: table(
+        [*h, "call, s", "first token, s", "imports, s", "checkpoint, s", "graph capture, s"],
+        calls(f"sample{k}")), k) for k, h in (("time", ("sample.py of", "caches")),
+                                              ("decode", ("decoding", "new tokens")))},
     claims=lambda: table(["claim", "paper", "ours", "verdict", "where"], [c[:5] for c in claims()]),
-    ii_seeds=lambda: t_ii_seeds(targets()),
+    ii_seeds=lambda: t_ii_seeds(targets()), ii_paired=lambda: t_ii_paired(True),
+    ii_paired_all=lambda: t_ii_paired(False),
     ii_seeds_all=lambda: t_ii_seeds([a for a in ii_runs() if a not in targets()]),
     env_ii=lambda: t_env(II), env_tasks=lambda: t_env("tasks"),
     env_gpu_tests=lambda: t_env("gpu_tests"),
     freq_ii=lambda: t_freq(False), freq_lm=lambda: t_freq(True))
-VERDICTS = {"rule": lambda: RULE, "delta": v_delta,
+VERDICTS = {"rule": lambda: RULE, "delta": v_delta, "sample": v_sample,
             "readme": lambda: "\n".join(f"- {c[0]} ({c[4]}): **{c[3]}**." for c in claims()),
             **{k: functools.partial(v_claims, f"§{i}") for k, i in (
                 ("ii", 1), ("tasks", 2), ("extrapolation", 3), ("lm", 4), ("freq", 8))}}

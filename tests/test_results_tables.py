@@ -97,7 +97,7 @@ def test_every_file_under_results_is_read_or_named(tmp_path):
 # each edit of issue 82's list whose sentence still stands, and edits of the same kinds
 EDITS = [("RESULTS.md", "+20.5 points", "+25.5 points"), ("RESULTS.md", "t p 0.05;", "t p 0.03;"),
          ("RESULTS.md", "higher on 7 of 8", "higher on 8 of 8"),
-         ("RESULTS.md", "first on 7 seeds, RoPE on 0", "first on 8 seeds, RoPE on 0"),
+         ("RESULTS.md", "first on 7 of 8 seeds, RoPE on 0", "first on 8 of 8 seeds, RoPE on 0"),
          ("RESULTS.md", "| 21.2 | 1.128 |", "| 21.2 | 1.28 |"),
          ("RESULTS.md", "degrades steadily, not a blow-up at this scale", "blows up"),
          ("RESULTS.md", "**reproduced**", "**not reproduced**"),
@@ -149,6 +149,7 @@ def test_a_new_weight_decay_arm_joins_section_1(tmp_path):
     """target-wd0.01/ laid out as target/ is: its endpoints, its pairs by seed and pos_emb against
     target/'s weight-decay-0.1 runs, its longer runs against its own, its provenance and shares."""
     tree = copy_tree(tmp_path)
+    shutil.rmtree(tree / "results" / "indirect_indexing" / "target-wd0.01")  # made up below instead
     before = summarize(tree / "results")  # without the folder no generated block names it
     assert all("weight decay 0.01" not in m[4] for t in docs(tree / "results").values()
                for m in before.MARKER.finditer(before.fill(t)))
@@ -232,3 +233,27 @@ def test_the_attention_rules_measurement_is_the_committed_one():
     rows = {T: S.steps(f"train-{T}") for T in (1024, 4096, 16384)}
     assert list(quoted) == [f"{rows[T][p]['ms']:.2f}" for T in rows
                             for p in ("pope-torch", "pope-kernel")]
+
+
+def test_time_to_sample_from_the_printouts(tmp_path):
+    """sample_time.sh's printouts: each call's wall, first-token, import, checkpoint and capture times,
+    the series named by the commits the files give; the sentence gives each series' range."""
+    folder = tmp_path / "sample" / "time-to-sample"
+    folder.mkdir(parents=True)
+    call = ("{} {} rc=0 wall={} s\ndecoding: graph\nprefill: 3 x 4 tokens in 9.0 ms; time to first token "
+            "{} s since start{}\ndecode: 3 x 9 tokens in 1.0 s: 27.0 tokens/s (capture {} s excluded)\n")
+    (folder / "sampletime.txt").write_text("--- abc1234's sample.py with its defaults:\nValueError\n" + "".join(
+        call.format(series, run, w, f, more, c) for series, run, w, f, more, c in (
+            ("old", "cold", 20.5, 10.25, "", 8.5), ("old", "warm", 18.0, 9.0, "", 6.0),
+            ("new", "cold", 15.0, 7.5, " (imports 4.0 s, checkpoint 3.0 s)", 6.0))))
+    (folder / "sampledecode.txt").write_text("".join(call.format(
+        d, f"n={n}", w, 6.0, " (imports 3.0 s, checkpoint 2.0 s)", c).replace("decoding: graph\n", "")
+        for d, n, w, c in (("eager", 100, 12.0, 0.0), ("graph", 100, 11.5, 4.0))))
+    (folder / "env-machine.txt").write_text("commit: def5678901\n")
+    s = summarize(tmp_path)
+    assert s.calls("sampletime") == [("abc1234", "cold", "20.5", "10.25", "not printed", "not printed", "8.5"),
+                                     ("abc1234", "warm", "18.0", "9.0", "not printed", "not printed", "6.0"),
+                                     ("def5678", "cold", "15.0", "7.5", "4.0", "3.0", "6.0")]
+    assert s.calls("sampledecode")[1] == ("graph", "100", "11.5", "6.0", "3.0", "2.0", "4.0")
+    assert s.v_sample().startswith("A call of def5678's sample.py took 15.0–15.0 s (first token at 7.5–7.5 s) "
+                                   "against abc1234's 18.0–20.5 s (9.0–10.2 s), over 1 and 2 calls. At 100 new")
