@@ -11,7 +11,7 @@ q and k are the attention's own: forward hooks on model.CausalSelfAttention's q_
 head's projection, before RoPE or a cache). Each model runs the first --tokens tokens (default: up to 65536)
 in windows of its block size T (positions 0..T-1), in float32; the sums are float64. A split of fixed rows
 (meta.json's row_len) is read as train.py reads it, a window per row, its first min(T, row_len - 1) tokens.
-  PoPE  channel c = 0..D-1 at theta_c = base^(-c/D) (model.pope_frequencies); magnitude mu = softplus(x_c).
+  PoPE  channel c = 0..D-1 at theta_c = base^(-c/D) (model.pope_frequencies); magnitude mu = pope_magnitude(x_c).
   RoPE  pair i = the two dims model.apply_rope rotates together (found by rotating each basis vector), at
         the angle it turns per position (the model's inv_freq, YaRN included); magnitude = the pair's norm.
   NoPE  the same pairs and norms, at the frequencies RoPE would give them (a reference: nothing rotates).
@@ -28,10 +28,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
-from model import CheckpointError, load_checkpoint, apply_rope, pope_frequencies, rope_cos_sin, yarn_inv_freq
+from model import (CheckpointError, load_checkpoint, apply_rope, pope_frequencies, pope_magnitude,
+                   rope_cos_sin, yarn_inv_freq)
 from prepare.common import (AT_LEAST_1, DEVICE_RULE, KERNEL_RULE, PrepareError, check_flags,
                             check_outputs, die, load_meta, output_file, read_tokens, resolve_device,
                             run_main, vocab_key, write_json)
@@ -99,10 +99,10 @@ def measure(label, path, model, windows, stride, bs, device, bar):
     cfg, (freqs, dims), (n, T) = model.config, channels(model), windows.shape
     idx = torch.as_tensor(dims, device=device)
 
-    def mag(x):  # (B, H, T, C) magnitudes in float64: softplus (PoPE) or the norm of each pair
+    def mag(x):  # (B, H, T, C) magnitudes in float64: model.pope_magnitude (PoPE) or the norm of each pair
         x = x.double()
         if cfg.pos_emb == "pope":
-            return F.softplus(x)
+            return pope_magnitude(x)
         return torch.hypot(x[..., idx[:, 0]], x[..., idx[:, 1]])
     sums, held = torch.zeros(3, cfg.n_layer, cfg.n_head, len(dims), dtype=torch.float64, device=device), {}
 

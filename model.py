@@ -67,9 +67,11 @@ class GPTConfig:
 # delta: a learned (H, D) phase bias per layer, kept in [-2pi, 0]. The score is the dot product of the
 # 2D-long [mu cos(phi), mu sin(phi)]: the PyTorch path builds those (pope_cos_sin, pope_cartesian) for SDPA.
 # Porting: pope_kernel.py takes theta and delta from pope_frequencies and pope_delta; the rest is copied in
-# its @triton.jit helpers _softplus (pope_magnitude), _cos_sin (pope_cos_sin), _cartesian_tile and
-# _cartesian_grad (pope_cartesian, its backward), _decode_turn (the decoding kernel's magnitudes). A variant:
-# edit here, run --attn_impl=torch, port it there; tests/test_kernel.py and tests/test_gpu.py fail till then.
+# its @triton.jit helpers _softplus (pope_magnitude: called by _cartesian_tile, _cartesian_grad and
+# _decode_turn), _cos_sin (pope_cos_sin), _cartesian_tile and _cartesian_grad (pope_cartesian and its
+# backward, with d mu/dx = sigmoid(x)). A variant: edit here, train with --attn_impl=torch, port it there.
+# The tests' float64 references take mu from pope_magnitude (tests/helpers.py), so till the port only
+# tests/test_kernel.py (on a GPU also tests/test_gpu.py) fails; new phases or scores need new references.
 
 pope_magnitude = F.softplus  # mu = softplus(x): a module global, so a variant (or a test) can replace it
 
@@ -408,13 +410,17 @@ def cuda_graph(fn, state=(), compile=False, warmup=1):
 class CheckpointError(ValueError):  # not an intact train.py checkpoint: one line, naming the file
     pass
 
+def all_finite(t):
+    """No NaN or inf in t, from its min and max (both propagate NaN): one pass, no copy of t."""
+    return t.numel() == 0 or bool(torch.isfinite(torch.stack(torch.aminmax(t))).all())
+
 def read_checkpoint(path):
     """A train.py checkpoint's dict on the CPU (weights_only=True), its zip's CRCs checked first."""
     try:
         with zipfile.ZipFile(path) as z:
             if (bad := z.testzip()) is not None:
                 raise CheckpointError(f"{path} is damaged: {bad} fails its CRC check; use an intact copy")
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # reads what is used
     except (FileNotFoundError, IsADirectoryError):
         raise CheckpointError(f"no checkpoint file {path}: train.py writes out_dir/ckpt.pt") from None
     except (zipfile.BadZipFile, EOFError, RuntimeError) as e:
@@ -423,7 +429,7 @@ def read_checkpoint(path):
         raise CheckpointError(f"{path} is refused: loading it would run code") from None
     if not (isinstance(ckpt, dict) and all(isinstance(ckpt.get(k), dict) for k in ("model", "model_args"))):
         raise CheckpointError(f"{path} is not a train.py checkpoint (a dict with 'model' and 'model_args')")
-    if bad := [k for k, v in ckpt["model"].items() if not torch.isfinite(v).all()]:
+    if bad := [k for k, v in ckpt["model"].items() if not all_finite(v)]:
         raise CheckpointError(f"{path} has NaN or inf weights ({bad[0]}, {len(bad) - 1} more): it diverged")
     return ckpt
 

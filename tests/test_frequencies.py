@@ -10,11 +10,10 @@ import sys
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 import eval_extrapolation as ex
 import eval_frequencies as ef
-from helpers import script_error
+from helpers import pope_magnitude_f64, script_error
 from model import GPT, GPTConfig, yarn_inv_freq
 
 ITOS = list("abcdefghijklmnop")
@@ -64,12 +63,12 @@ def run(args, tmp_path):
                                       ("rope", dict(rope_scaling=4.0, rope_scaling_orig_len=8))])
 def test_every_number_against_a_float64_reference(data, tmp_path, pe, extra):
     """Frequencies: PoPE's channel c (dim c) at base^(-c/D); RoPE's pair (i, i + D/2) at the model's
-    inv_freq (YaRN's where set), NoPE's at plain RoPE's. mu = softplus(q) (PoPE) or the pair's norm, from
-    projections computed here in float64; weight = the mean over causal pairs s <= t by an explicit mask;
-    share = weight summed over heads, each layer's row normalised. rtol 2e-5: the script runs the model in
-    float32 (on the CPU: no TF32)."""
+    inv_freq (YaRN's where set), NoPE's at plain RoPE's. mu = model.pope_magnitude(q) (PoPE) or the pair's
+    norm, from projections computed here in float64; weight = the mean over causal pairs s <= t by an
+    explicit mask; share = weight summed over heads, each layer's row normalised. rtol 2e-5: the script runs
+    the model in float32 (on the CPU: no TF32)."""
     model = tiny(20, pos_emb=pe, **extra)
-    with torch.no_grad():  # larger weights than the init, so that softplus is far from linear
+    with torch.no_grad():  # larger weights than the init, so that the magnitude is far from linear
         for block in model.transformer.h:
             block.attn.c_attn.weight.mul_(40.0)
     m = run(["--ckpt", save(model, tmp_path / "m.pt"), "--data", data, "--tokens", 48],
@@ -94,7 +93,7 @@ def test_every_number_against_a_float64_reference(data, tmp_path, pe, extra):
         qk = (h @ block.attn.c_attn.weight[:32].T).split(16, -1)
         q, k = (t.view(3, 16, 2, 8).transpose(1, 2) for t in qk)
         if pe == "pope":
-            mq, mk = F.softplus(q), F.softplus(k)
+            mq, mk = pope_magnitude_f64(q), pope_magnitude_f64(k)
         else:
             mq, mk = torch.hypot(q[..., :4], q[..., 4:]), torch.hypot(k[..., :4], k[..., 4:])
         w = torch.einsum("bhtc,ts,bhsc->hc", mq, causal, mk) / (3 * causal.sum())

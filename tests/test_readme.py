@@ -29,6 +29,7 @@ SHRINK = {  # script: what is appended (train.py's depend on the command: see sh
     "eval_downstream.py": ["--limit", "2"],
     "sample.py": [] if CUDA else ["--max_new_tokens=16"],  # (on CUDA: 200 tokens, a CUDA graph)
 }
+NEEDS = {"eval_downstream.py": "lm_eval"}  # script: the requirements-dev.txt package it cannot run without
 WORDS = ("the model reads a long prompt and every position after it counts; attention decides which "
          "earlier token matters, and the phase of each key says where it stood. ").split()
 
@@ -107,12 +108,9 @@ def scratch(tmp_path_factory):
     return root
 
 
-def test_the_readme_commands_run_as_typed(scratch):
+def run_commands(scratch, commands):
     """Each command, in order, exits 0 and leaves its files (a checkpoint, eval.json, --json/--plot, the
     samples); the first that fails is reported with its output."""
-    commands = readme_commands()
-    scripts = {argv[1] for argv in commands}
-    assert {"train.py", "sample.py", "eval_extrapolation.py", "bench.py"} <= scripts, scripts
     env = dict(os.environ, POPE_SHARED_DATA=str(scratch / "shared"), PYTHONUNBUFFERED="1")
     for typed in commands:
         argv = [a.replace("$POPE_SHARED_DATA", env["POPE_SHARED_DATA"]) for a in typed]
@@ -122,3 +120,21 @@ def test_the_readme_commands_run_as_typed(scratch):
         assert p.returncode == 0, f"{what}: exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
         lacking = missing(argv, scratch, p.stdout)
         assert not lacking, f"{what}: exit 0 but no {lacking}\n{p.stderr[-2000:]}"
+
+
+def test_the_readme_commands_run_as_typed(scratch):
+    """Every README command but those of NEEDS (the next test's), in the README's order."""
+    commands = [argv for argv in readme_commands() if argv[1] not in NEEDS]
+    scripts = {argv[1] for argv in commands}
+    assert {"train.py", "sample.py", "eval_extrapolation.py", "bench.py"} <= scripts, scripts
+    run_commands(scratch, commands)
+
+
+def test_the_readme_commands_that_need_a_dev_package(scratch):
+    """The commands of NEEDS, on the checkpoints the previous test trained; skipped where their package
+    is not installed (requirements-dev.txt)."""
+    commands = [argv for argv in readme_commands() if argv[1] in NEEDS]
+    assert commands, "README.md has no eval_downstream.py command"
+    for argv in commands:
+        pytest.importorskip(NEEDS[argv[1]])
+    run_commands(scratch, commands)
