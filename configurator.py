@@ -13,6 +13,9 @@ import ast
 import difflib
 import os
 import sys
+import traceback
+
+from prepare.common import utf8
 
 
 def configure(argv, defaults, doc=""):
@@ -51,8 +54,15 @@ def configure(argv, defaults, doc=""):
             if not os.path.isfile(arg):
                 sys.exit(f"error: config file {arg} not found (configs live in config/)")
             scope = {}
-            with open(arg) as f:
-                exec(compile(f.read(), arg, "exec"), {}, scope)
+            with open(arg, "rb") as f:
+                text = utf8(f.read(), arg)
+            try:
+                exec(compile(text, arg, "exec"), {}, scope)
+            except Exception as e:  # a syntax error, or one the file raises: one line, where it is
+                tb = traceback.extract_tb(e.__traceback__)
+                lines = [t.lineno for t in tb if t.filename == arg]
+                line = lines[-1] if lines else getattr(e, "lineno", "?")
+                sys.exit(f"error: config file {arg}, line {line}: {type(e).__name__}: {e}; fix it")
             for k, v in scope.items():
                 if not k.startswith("_") and not callable(v) and type(v).__name__ != "module":
                     set_key(k, v, arg)

@@ -32,10 +32,13 @@ from tqdm import tqdm
 
 from model import (CheckpointError, load_checkpoint, apply_rope, pope_frequencies, pope_magnitude,
                    rope_cos_sin, yarn_inv_freq)
-from prepare.common import (PrepareError, check_outputs, die, load_meta, read_tokens, vocab_key,
-                            write_atomic, write_json)
+from prepare.common import (AT_LEAST_1, DEVICE_RULE, KERNEL_RULE, PrepareError, check_flags,
+                            check_outputs, die, load_meta, output_file, read_tokens, resolve_device,
+                            run_main, vocab_key, write_json)
 
 DEFAULT_TOKENS = 65536  # without --tokens: up to this many, fewer where --data holds fewer
+FLAGS = {"tokens": AT_LEAST_1, "batch_size": AT_LEAST_1, "device": DEVICE_RULE,
+         "attn_impl": KERNEL_RULE}  # flag: (rule, what it must be), as train.py's RULES
 
 
 def parse_args(argv):
@@ -52,9 +55,7 @@ def parse_args(argv):
     add("--attn_impl", choices=["auto", "torch", "triton"], help="attention code (default: the checkpoint's)")
     add("--no_progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
-    for name in ("tokens", "batch_size"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            die(f"--{name} must be >= 1, got {getattr(args, name)}")
+    check_flags(args, FLAGS)
     args.labels = args.labels and [x.strip() for x in args.labels.split(",")]
     if args.labels and len(args.labels) != len(args.ckpt):
         die(f"--labels has {len(args.labels)} names for {len(args.ckpt)} checkpoints")
@@ -155,16 +156,15 @@ def write_plot(path, models):
     axes[-1].set(xlabel="frequency (radians per position)", ylabel="mean share x channels (1 = even)",
                  title="Mean over layers")
     axes[-1].legend()
-    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    with output_file(path) as f:
+        fig.savefig(f, dpi=120, format="png")
     print(f"wrote {path}")
     return fig
 
 
 def main(argv=None):
     args = parse_args(argv)
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        die("--device cuda but CUDA is not available here; pass --device cpu")
+    device = resolve_device(args.device)
     runs, streams, row_len, limit = [], {}, None, args.tokens or DEFAULT_TOKENS
     for i, path in enumerate(args.ckpt):
         try:
@@ -216,4 +216,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

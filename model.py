@@ -16,6 +16,16 @@ try:  # the kernels need Triton; without it the PyTorch path below runs everywhe
 except ImportError as e:
     pope_kernel, KERNEL_MISSING = None, f"Triton is not importable: {e}"
 
+CONFIG_RANGES = {  # GPTConfig's numbers: name: (rule, what it must be); NaN fails every rule
+    **dict.fromkeys(("block_size", "vocab_size", "n_layer", "n_head", "n_embd"),
+                    (lambda v: v >= 1, ">= 1")),
+    "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "pope_base": (lambda v: 1 < v < math.inf, "> 1 and finite"),  # base^(-c/D) falls with c
+    "rope_base": (lambda v: 1 < v < math.inf, "> 1 and finite"),
+    "rope_scaling": (lambda v: 1 <= v < math.inf, ">= 1 and finite (1: off)"),
+    "rope_scaling_orig_len": (lambda v: v >= 0, ">= 0 (0: block_size)"),
+}
+
 @dataclass
 class GPTConfig:
     block_size: int = 1024
@@ -34,16 +44,20 @@ class GPTConfig:
     rope_scaling: float = 1.0  # YaRN (arXiv 2309.00071), RoPE only: s > 1 stretches the context by s
     rope_scaling_orig_len: int = 0  # the context that s stretches (0 means block_size)
 
-    def __post_init__(self):
+    def __post_init__(self):  # the model's rules (train.py's RULES check the other settings)
         for name, allowed in dict(pos_emb=("pope", "rope", "none"), attn_impl=("auto", "torch", "triton"),
                                   pope_delta_init=("zero", "uniform"),
                                   pope_delta_bound=("wrap", "clamp", "project")).items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        for name, (ok, want) in CONFIG_RANGES.items():
+            if not ok(getattr(self, name)):
+                raise ValueError(f"{name} must be {want}, got {getattr(self, name)!r}")
         if self.n_embd % self.n_head or self.pos_emb == "rope" and self.n_embd // self.n_head % 2:
             raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} (even for RoPE)")
-        if self.rope_scaling < 1.0 or self.rope_scaling > 1.0 and self.pos_emb != "rope":
-            raise ValueError(f"rope_scaling must be >= 1, 1 unless pos_emb='rope'; got {self.rope_scaling}")
+        if self.rope_scaling > 1.0 and self.pos_emb != "rope":
+            raise ValueError(f"rope_scaling must be 1 unless pos_emb='rope', got "
+                             f"{self.rope_scaling}")
 
 # PoPE (Gopalakrishnan et al., arXiv 2509.10534). Per head of dim D, on the raw q/k projections:
 #     mu_q = softplus(q), mu_k = softplus(k)                     "what": content only

@@ -15,7 +15,7 @@ import time  # first: the time to the first token counts from here
 T_START = time.perf_counter()
 
 import argparse  # noqa: E402
-import importlib  # noqa: E402
+import math  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 from contextlib import nullcontext  # noqa: E402
@@ -23,26 +23,24 @@ from contextlib import nullcontext  # noqa: E402
 import torch  # noqa: E402
 
 from model import CheckpointError, load_checkpoint  # noqa: E402
-from prepare.common import PrepareError, check_outputs, codec, die  # noqa: E402
+from prepare.common import (AT_LEAST_1, DEVICE_RULE, PrepareError, check_flags,  # noqa: E402
+                            check_outputs, codec, die, format_module, model_vocab, resolve_device,
+                            save_sample)
 
 T_IMPORTS = time.perf_counter()
 GRAPH_MIN_TOKENS = 32  # --decode=auto: eager below this many new tokens, where capturing does not pay
+FLAGS = {  # flag: (its rule, what it must be), as train.py's RULES; None: not given
+    **dict.fromkeys(("num_samples", "max_new_tokens", "top_k", "context"), AT_LEAST_1),
+    "temperature": (lambda v, a: 0 <= v < math.inf, ">= 0 and finite (0: greedy)"),  # (nan: flat)
+    "device": DEVICE_RULE,
+}
 
 
 def pick_device(name):
     """torch.device(name), CUDA's with its index ("cuda": the current device), where the graph is captured."""
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        die(f"--device={name} is not a device; use cpu, cuda or cuda:N")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        die(f"--device={name}: this machine has no CUDA GPU; use --device=cpu")
+    device = torch.device(resolve_device(name))
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    if device.type == "cuda" and device.index >= torch.cuda.device_count():
-        die(f"--device={name}: this machine has {torch.cuda.device_count()} CUDA GPUs (cuda:0 ...)")
-    if device.type not in ("cpu", "cuda"):
-        die(f"--device={name}: sample.py runs on cpu or cuda[:N]")
     return device
 
 
@@ -56,18 +54,14 @@ def main(argv=None):
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     p.add_argument("--top_k", type=int, default=200)
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="auto", help="auto (cuda if there is a GPU), cpu, cuda[:N]")
     p.add_argument("--context", type=int, default=None, help="KV cache positions (default: block_size)")
     p.add_argument("--decode", default="auto", choices=["auto", "eager", "graph", "compile"],
                    help=f"auto: graph on CUDA for more than {GRAPH_MIN_TOKENS} new tokens, else eager")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "autocast"])
     p.add_argument("--save", default=None, help="also write sample i to PREFIX_i.txt (or .mid)")
     args = p.parse_args(argv)
-    bad = [f"--{k} must be >= 1" for k in ("num_samples", "max_new_tokens", "top_k") if getattr(args, k) < 1]
-    if bad or not 0 <= args.temperature < float("inf"):  # (inf or nan would sample uniformly, silently)
-        die((bad or [f"--temperature must be >= 0 and finite (0 = greedy), got {args.temperature}"])[0])
-    if args.context is not None and args.context < 1:
-        die(f"--context must be >= 1 (default: the checkpoint's block_size), got {args.context}")
+    check_flags(args, FLAGS)
     device = pick_device(args.device)
     cuda = device.type == "cuda"
     mode = args.decode
@@ -87,17 +81,22 @@ def main(argv=None):
             start.encode("utf-8")
         except UnicodeEncodeError:
             die("--start is not valid UTF-8; fix its encoding or pass it as --start=FILE:path")
+    ckpt_path = args.ckpt or os.path.join(args.out_dir, "ckpt.pt")
     try:
         if args.save:  # before the slow part
             check_outputs(save=f"{args.save}_0")
         t_load = time.perf_counter()
-        model, ckpt = load_checkpoint(args.ckpt or os.path.join(args.out_dir, "ckpt.pt"), device=device)
+        model, ckpt = load_checkpoint(ckpt_path, device=device)
         t_load = time.perf_counter() - t_load
         meta = ckpt.get("meta", {})
         encode, decode = codec(meta)
-        fmt = importlib.import_module("prepare." + meta["format"]) if meta.get("format") else None
-    except (CheckpointError, PrepareError, ValueError, ImportError) as e:  # (a format from another version)
-        sys.exit(f"error: {e}")
+        fmt = format_module(meta)
+    except (CheckpointError, PrepareError, ValueError) as e:
+        die(e)
+    V = model.config.vocab_size
+    if "vocab_size" in meta and model_vocab(meta) != V:  # (sampling would draw wrong ids silently)
+        die(f"{ckpt_path}: its model has vocab_size {V}, its meta's tokenizer {model_vocab(meta)}: "
+            "save it with the meta.json of the data it was trained on")
     if fmt is not None:  # the dataset's own token names, e.g. "<s> C5 G4 E4 C3" for JSB
         enc = getattr(fmt, "encode_prompt", None) or getattr(fmt, "encode", None)  # a prompt is left open
         encode = (lambda s: enc(s, meta)) if enc else encode  # noqa: E731
@@ -115,7 +114,6 @@ def main(argv=None):
               f"{context} (--context=N holds more)", file=sys.stderr)
         ids = ids[-context:]
     torch.manual_seed(args.seed)
-    x = torch.tensor(ids, dtype=torch.long, device=device)[None, :].repeat(args.num_samples, 1)
     dtype = ("bfloat16" if cuda else "float32") if args.dtype == "auto" else args.dtype
     if not (amp := dtype == "autocast"):  # (the checkpoint's weights are float32)
         model.cast_weights_(getattr(torch, dtype))
@@ -125,17 +123,25 @@ def main(argv=None):
     with torch.autocast(device.type, dtype=torch.bfloat16) if amp else nullcontext():
         print(f"decoding: {mode}, {'bf16 autocast' if amp else dtype}, KV cache of {context} positions, "
               f"one-token steps: {model.attention_path(T=context, decoding=True)}", file=sys.stderr)
-        y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                           vocab_size=meta.get("vocab_size"), context=context, mode=mode, times=times)
-    if args.save:
-        os.makedirs(os.path.dirname(os.path.abspath(args.save)), exist_ok=True)
+        try:
+            x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]
+            x = x.repeat(args.num_samples, 1)
+            y = model.generate(x, args.max_new_tokens, temperature=args.temperature,
+                               top_k=args.top_k, vocab_size=meta.get("vocab_size"), context=context,
+                               mode=mode, times=times)
+        except RuntimeError as e:  # (torch.OutOfMemoryError on CUDA; the CPU's allocator says so)
+            if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
+                raise
+            die(f"out of memory for {args.num_samples} samples x {context} positions (KV cache) on "
+                f"{device}: lower --num_samples, --context or --max_new_tokens")
     for i, row in enumerate(y.tolist()):
         print(decode(row) + "\n---------------")
-        if args.save and fmt is not None and hasattr(fmt, "save_sample"):
-            print(f"wrote {fmt.save_sample(row, meta, f'{args.save}_{i}')}", file=sys.stderr)
-        elif args.save:
-            with open(f"{args.save}_{i}.txt", "w", encoding="utf-8") as f:
-                f.write(decode(row))
+        if args.save:
+            try:
+                path = save_sample(row, meta, f"{args.save}_{i}", decode)
+            except PrepareError as e:  # (a full disk, a read-only folder: no partial file stays)
+                die(e)
+            print(f"wrote {path}", file=sys.stderr)
     B, n = args.num_samples, args.max_new_tokens - 1  # the first new token comes from the prefill
     print(f"prefill: {B} x {len(ids)} tokens in {times['prefill'] * 1e3:,.1f} ms; time to first token "
           f"{t0 - T_START + times['prefill']:.2f} s since start (imports {T_IMPORTS - T_START:.2f} s, "

@@ -9,7 +9,7 @@ import math
 import os
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from functools import partial
 
 import numpy as np
@@ -20,7 +20,9 @@ from tqdm import tqdm
 
 from configurator import configure
 from model import GPT, CheckpointError, GPTConfig, cuda_graph as capture_graph, read_checkpoint
-from prepare.common import PrepareError, check_dataset, lock_folder, unlock_folder, write_atomic, write_json
+from prepare.common import (AT_LEAST_1, DEVICE_RULE, KERNEL_RULE, PrepareError, broken_rules,
+                            check_dataset, check_outputs, lock_folder, model_vocab, output_file,
+                            resolve_device, unlock_folder, write_json)
 
 # -----------------------------------------------------------------------------
 # defaults: the paper's OpenWebText setup at 124M (RMSNorm, head dim 64, batch 64 x 1024, AdamW 6e-4 -> 6e-5
@@ -72,18 +74,42 @@ DEFAULTS = {k: v for k, v in globals().items() if k[0] != "_" and type(v) in (in
 MODEL_KEYS = [k for k in GPTConfig.__dataclass_fields__ if k != "vocab_size"]  # (the data sets vocab_size)
 RESUME_MAY_CHANGE = ("attn_impl", "dropout")  # the model keys a resume may set anew
 FINETUNE_KEEPS = "n_layer n_head n_embd bias pos_emb pope_base rope_base pope_delta_bound".split()
-CHOICES = {"dtype": ("auto", "float32", "bfloat16", "float16"), "eval_splits": ("train", "val", "test"),
-           "compile_mode": ("default", "reduce-overhead", "max-autotune")}
+RESUMES_FROM = ("optimizer", "config", "meta", "data", "iter_num", "best_val_loss")  # (its keys)
+SPLIT_NAMES = ("train", "val", "test")  # eval_splits' choices (an eval's batches seed by index)
+TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # torchrun sets all
+MAX_BATCH_TOKENS = 1 << 24  # batch_size x block_size: a micro-batch's positions (int64 indices)
+RULES = {  # setting: (its rule on its value v and the settings c, what it must be); NaN fails all.
+    # configurator.py checks the types, GPTConfig the model's settings
+    **dict.fromkeys(("gradient_accumulation_steps", "block_size", "eval_interval", "log_interval",
+                     "eval_iters", "lr_decay_iters"), AT_LEAST_1),
+    "out_dir": (lambda v, c: v.strip() != "", "a folder's name"),
+    "batch_size": (lambda v, c: 1 <= v and v * c["block_size"] <= MAX_BATCH_TOKENS,
+                   f">= 1, batch_size x block_size <= {MAX_BATCH_TOKENS:,}; larger batches: "
+                   "gradient_accumulation_steps"),
+    "max_iters": (lambda v, c: v >= 0, ">= 0"),
+    "warmup_iters": (lambda v, c: v >= 0, ">= 0"),
+    "seed": (lambda v, c: 0 <= v < 2**63, "in [0, 2**63)"),
+    "learning_rate": (lambda v, c: 0 < v < math.inf, "> 0 and finite"),
+    "min_lr": (lambda v, c: 0 <= v <= c["learning_rate"], "in [0, learning_rate]"),
+    "weight_decay": (lambda v, c: 0 <= v < math.inf, ">= 0 and finite"),
+    "grad_clip": (lambda v, c: 0 <= v < math.inf, ">= 0 and finite (0: no clipping)"),
+    "beta1": (lambda v, c: 0 <= v < 1, "in [0, 1)"),
+    "beta2": (lambda v, c: 0 <= v < 1, "in [0, 1)"),
+    "peak_flops": (lambda v, c: 0 < v < math.inf, "> 0 and finite: the GPU's peak FLOP/s, for MFU"),
+    "eval_splits": (lambda v, c: set(v.split(",")) <= set(SPLIT_NAMES),
+                    "train, val or test, comma-separated"),
+    "dtype": (lambda v, c: v in ("auto", "float32", "bfloat16", "float16"),
+              "auto, float32, bfloat16 or float16"),
+    "compile_mode": (lambda v, c: v in ("default", "reduce-overhead", "max-autotune"),
+                     "default, reduce-overhead or max-autotune"),
+    "device": DEVICE_RULE,
+    "attn_impl": KERNEL_RULE,
+}
 
 
 def settings_problems(c):
-    """Each setting of c that makes no sense, as 'key=value (must be ...)'; GPTConfig checks the model's."""
-    bad = [(k, ">= 1") for k in ("batch_size", "gradient_accumulation_steps", "block_size", "eval_interval",
-                                  "log_interval", "eval_iters", "lr_decay_iters", "n_layer") if c[k] < 1]
-    bad += [(k, " or ".join(v)) for k, v in CHOICES.items() if not set(c[k].split(",")) <= set(v)]
-    bad += [("learning_rate", "> 0")] * (not 0 < c["learning_rate"] < math.inf)
-    bad += [("device", "auto, cpu or cuda[:N]")] * (c["device"].split(":")[0] not in ("auto", "cpu", "cuda"))
-    problems = [f"{k}={c[k]!r} (must be {why})" for k, why in bad]
+    """The settings of c that break their RULES row, as 'key=value (must be ...)'; GPTConfig's."""
+    problems = broken_rules(c, RULES)
     try:
         GPTConfig(**{k: c[k] for k in MODEL_KEYS})
     except ValueError as e:
@@ -92,31 +118,54 @@ def settings_problems(c):
 
 
 def settings(argv):
-    """(cfg, checkpoint or None): the defaults with argv applied (configurator.py). A resume continues its
-    checkpoint's settings, the keys given on top; a fine-tune keeps its source's FINETUNE_KEEPS (shape)."""
+    """(cfg, checkpoint or None): the defaults with argv applied (configurator.py), checked before
+    anything is written. A resume continues its checkpoint's settings, the keys given on top; a
+    fine-tune keeps its source's FINETUNE_KEEPS (shape). One run per out_dir: rank 0 locks it (the
+    OS drops the lock however the run ends), a resume before it reads its checkpoint."""
     cfg, given = configure(argv, DEFAULTS, __doc__)
+    unset = [k for k in TORCHRUN if k not in os.environ]
+    if 0 < len(unset) < len(TORCHRUN):
+        found = [k for k in TORCHRUN if k not in unset]
+        sys.exit(f"error: {', '.join(found)} set without {', '.join(unset)}: start a DDP run with "
+                 "torchrun, or unset them")
     resume, path = cfg["init_from"] == "resume", os.path.join(cfg["out_dir"], "ckpt.pt")
-    if int(os.environ.get("RANK", 0)) == 0:  # one run per out_dir: a lock the OS drops however the run ends
-        os.makedirs(cfg["out_dir"], exist_ok=True)  # (before a resume reads its checkpoint: none replaces it)
-        lock_folder(cfg["out_dir"], "wait for it to end, or pick another --out_dir")
-        if not resume and os.path.exists(path) and not cfg["overwrite"]:
-            sys.exit(f"error: {path} exists: resume it with --init_from=resume, or pick another --out_dir "
-                     "(--overwrite=True replaces it)")
-    if cfg["init_from"] == "scratch":
-        return cfg, None
-    ckpt = read_checkpoint(src := path if resume else cfg["init_from"])
-    margs = ckpt["model_args"]
-    fixed = [k for k in MODEL_KEYS if k not in RESUME_MAY_CHANGE] if resume else FINETUNE_KEEPS
-    clash = [f"{k}={cfg[k]!r} (checkpoint: {margs[k]!r})" for k in fixed if k in given and cfg[k] != margs[k]]
-    if clash:
-        sys.exit(f"error: {src}'s model differs: {', '.join(clash)}; drop those settings")
-    if not resume:
+    master = os.environ.get("RANK", "0") == "0"
+    hint = "wait for it to end, or pick another --out_dir"
+    if master:  # a folder no run can write into (read-only, full, a file): one line, first
+        check_outputs(out_dir=path)
+    ckpt = None
+    if cfg["init_from"] != "scratch":
+        if resume and master and os.path.isdir(cfg["out_dir"]):
+            lock_folder(cfg["out_dir"], hint)
+        ckpt = read_checkpoint(src := path if resume else cfg["init_from"])
+        missing = [k for k in RESUMES_FROM if k not in ckpt] if resume else []
+        if missing:
+            sys.exit(f"error: {src} has no {', '.join(missing)}: a run cannot resume from it; "
+                     f"fine-tune from it into another out_dir (--init_from={src})")
+        margs = ckpt["model_args"]
+        fixed = [k for k in MODEL_KEYS if k not in RESUME_MAY_CHANGE] if resume else FINETUNE_KEEPS
+        clash = [f"{k}={cfg[k]!r} (checkpoint: {margs[k]!r})" for k in fixed
+                 if k in given and cfg[k] != margs[k]]
+        if clash:
+            sys.exit(f"error: {src}'s model differs: {', '.join(clash)}; drop those settings")
+    if resume:
+        saved = {k: v for k, v in ckpt["config"].items()
+                 if k in DEFAULTS and k != "data_changed_ok"}  # (for one resume)
+        cfg = {**DEFAULTS, **saved, **{k: cfg[k] for k in given}, "out_dir": cfg["out_dir"]}
+    elif ckpt is not None:
         cfg.update({k: margs[k] for k in FINETUNE_KEEPS})
         if cfg["rope_scaling"] > 1.0 and cfg["rope_scaling_orig_len"] == 0:
             cfg["rope_scaling_orig_len"] = margs["block_size"]  # YaRN stretches the source's context
-        return cfg, ckpt
-    saved = {k: v for k, v in ckpt["config"].items() if k in DEFAULTS and k != "data_changed_ok"}  # (once)
-    return {**DEFAULTS, **saved, **{k: cfg[k] for k in given}, "out_dir": cfg["out_dir"]}, ckpt
+    problems = settings_problems(cfg)
+    if problems:
+        sys.exit("error: bad settings: " + "; ".join(problems))
+    if master and not resume:
+        os.makedirs(cfg["out_dir"], exist_ok=True)
+        lock_folder(cfg["out_dir"], hint)
+        if os.path.exists(path) and not cfg["overwrite"]:
+            sys.exit(f"error: {path} exists: resume it with --init_from=resume, or pick another "
+                     "--out_dir (--overwrite=True replaces it)")
+    return cfg, ckpt
 
 
 # -----------------------------------------------------------------------------
@@ -140,8 +189,11 @@ class Data:
             raise PrepareError(f"{path} holds rows of {self.row_len} tokens: block_size must be >= {self.T}")
         names = [f for s in sorted(set(splits)) for f in (f"{s}.bin", f"{s}_mask.bin")]
         self.files = {f: open(f"{path}/{f}", "rb") for f in names if os.path.exists(f"{path}/{f}")}
-        self.sizes = {f: os.fstat(h.fileno()).st_size for f, h in self.files.items()}  # (checkpoints keep it)
-        if short := [s for s in splits if self.sizes[f"{s}.bin"] <= self.T * self.dtype.itemsize]:
+        stats = {f: os.fstat(h.fileno()) for f, h in self.files.items()}  # what a rewrite changes:
+        self.stamp = {"bytes": {f: st.st_size for f, st in stats.items()},  # (checkpoints keep it)
+                      "mtime_ns": {f: st.st_mtime_ns for f, st in stats.items()}}
+        sizes = self.stamp["bytes"]
+        if short := [s for s in splits if sizes[f"{s}.bin"] <= self.T * self.dtype.itemsize]:
             raise PrepareError(f"{path}/{short[0]}.bin holds fewer than block_size + 1 = {self.T + 1} tokens")
 
     def arrays(self, split, masked=True):  # a fresh memmap per batch, as nanoGPT does, avoids a memory leak
@@ -171,7 +223,7 @@ def evaluate(model, data, split, dev, ctx, full=False, bar=False):
     """Loss and accuracy on the scored targets of eval_iters fixed batches, or with full the whole split."""
     model.eval()
     loss_sum, correct, count = 0.0, 0.0, 0.0
-    N, step, key = len(data.arrays(split)[0]), data.row_len or data.T, CHOICES["eval_splits"].index(split)
+    N, step, key = len(data.arrays(split)[0]), data.row_len or data.T, SPLIT_NAMES.index(split)
     batches = (torch.arange((N - (not data.row_len)) // step) * step).split(batch_size) if full else [
         data.starts(split, batch_size, make_gen(seed, key, k)) for k in range(eval_iters)]
     for starts in tqdm(batches, f"eval {split}", leave=False, file=sys.stderr, disable=None if bar else True):
@@ -184,6 +236,16 @@ def evaluate(model, data, split, dev, ctx, full=False, bar=False):
         count += w.sum().item()
     model.train()
     return {"loss": loss_sum / max(count, 1), "acc": correct / max(count, 1), "tokens": int(count)}
+
+
+def log_record(log, rec):
+    """A line of metrics.jsonl; a full disk is one line naming it (closed: nothing to flush)."""
+    try:
+        print(json.dumps(rec), file=log, flush=True)
+    except OSError as e:
+        with suppress(OSError):
+            log.close()
+        raise PrepareError(f"cannot write {log.name}: {e.strerror}") from None
 
 
 def get_lr(it):
@@ -262,7 +324,7 @@ class GraphedStep:
 def setup_device():
     """DDP (under torchrun), the device, the dtype and its autocast context: (rank, world, dev, dt, ctx)."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    dev = resolve_device(device)
     dt = dtype if dtype != "auto" else "bfloat16" if dev.startswith("cuda") else "float32"
     if gradient_accumulation_steps % world:
         sys.exit(f"error: gradient_accumulation_steps is not a multiple of the {world} processes")
@@ -282,21 +344,19 @@ def setup_device():
 def main(argv):
     cfg, ckpt = settings(argv)
     globals().update(cfg)  # from here on, the settings are plain names, as in nanoGPT
-    if problems := settings_problems(cfg):
-        sys.exit("error: bad settings: " + "; ".join(problems))
     rank, world, dev, dt, ctx = setup_device()
     master, resume, device_type = rank == 0, init_from == "resume", dev.split(":")[0]
     accum, ckpt_path = gradient_accumulation_steps // world, os.path.join(out_dir, "ckpt.pt")
     data = Data(f"{data_dir}/{dataset}", block_size, eval_splits.split(",") + ["train"] * (not eval_only))
-    if resume:  # a resume goes on with the data of its checkpoint (meta.json and the file sizes)
+    if resume:  # a resume goes on with its checkpoint's data (meta.json, files' sizes and times)
         changed = ["meta.json"] * (ckpt["meta"] != data.meta) + [
-            f for f, n in data.sizes.items() if ckpt["data"]["bytes"].get(f, n) != n]
+            f for f in data.files if any(ckpt["data"].get(k, {}).get(f, now[f]) != now[f]
+                                         for k, now in data.stamp.items())]
         if changed and not data_changed_ok:
             sys.exit(f"error: {', '.join(changed)} in {data.dir} changed since {ckpt_path} was saved: "
                      "restore it, or pass --data_changed_ok=True to go on with this data")
 
-    V = data.meta["vocab_size"]  # gpt2's 50257 -> 50304, a multiple of 64, as nanoGPT: faster matmuls
-    V = (V + 63) // 64 * 64 if data.meta.get("tokenizer") == "gpt2" else V
+    V = model_vocab(data.meta)
     margs = {**{k: cfg[k] for k in MODEL_KEYS}, "vocab_size": V}
     iter_num, best_val_loss = (ckpt["iter_num"], ckpt["best_val_loss"]) if resume else (0, 1e9)
     torch.manual_seed(seed)
@@ -345,7 +405,7 @@ def main(argv):
                 if eval_only:  # an evaluation alone: into eval.json, not the run's log
                     write_json(os.path.join(out_dir, "eval.json"), {"iter": iter_num, "full": eval_full, **res})
                 else:
-                    print(json.dumps({"iter": iter_num, "eval": res}), file=log, flush=True)
+                    log_record(log, {"iter": iter_num, "eval": res})
             if eval_only:
                 break
             if not all(torch.isfinite(p).all() for p in raw_model.parameters()):  # a diverged run never saves
@@ -356,8 +416,9 @@ def main(argv):
             if master and iter_num > it_start and (improved or always_save_checkpoint or "val" not in res):
                 state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "config": cfg,
                          "model_args": margs, "iter_num": iter_num, "best_val_loss": best_val_loss,
-                         "meta": data.meta, "data": {"bytes": data.sizes}}
-                write_atomic(ckpt_path, lambda tmp: torch.save(state, tmp))  # a crash leaves the old one
+                         "meta": data.meta, "data": data.stamp}
+                with output_file(ckpt_path) as f:  # whole or not at all: a crash leaves the old one
+                    torch.save(state, f)
                 print(f"saved checkpoint to {ckpt_path}")
             t0, it0 = time.time(), iter_num  # keep eval time out of the step timing
         if last:
@@ -382,7 +443,7 @@ def main(argv):
                       f"{tokens_per_iter / dt_iter:,.0f} tok/s{mfu_s}, eta {eta} min")
                 rec = {"iter": iter_num, "loss": lossf, "lr": lr, "dt_ms": dt_iter * 1000, "time": t1,
                        "tok_per_s": tokens_per_iter / dt_iter, **({"mfu": running_mfu} if mfu_s else {})}
-                print(json.dumps(rec), file=log, flush=True)
+                log_record(log, rec)
         iter_num += 1
 
     if world > 1:  # leave together, then end without the interpreter's shutdown: DDP keeps references to the
@@ -398,3 +459,5 @@ if __name__ == "__main__":
         main(sys.argv[1:])
     except (PrepareError, CheckpointError) as e:  # missing or damaged data, a file that is no checkpoint, ...
         sys.exit(f"error: {e}")
+    except OSError as e:  # a file that cannot be read or written
+        sys.exit(f"error: {e.filename}: {e.strerror}")

@@ -3,14 +3,15 @@ command that rebuilds it, the check train.py runs on it (check_dataset), token r
 
 import argparse
 import importlib
+import io
 import json
 import os
 import re
 import shlex
 import shutil
+import stat
 import sys
-import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
@@ -35,11 +36,51 @@ def die(msg):
 
 
 def run_main(main_fn, argv=None):
-    """main_fn(argv); a PrepareError or a file error (OSError) is one line and exit 2."""
+    """main_fn(argv), its value; a PrepareError or a file error (OSError) is one line and exit 2."""
     try:
-        main_fn(argv)
+        return main_fn(argv)
     except (PrepareError, OSError) as e:
         die(f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else e)
+
+
+AT_LEAST_1 = (lambda v, c: v >= 1, ">= 1")
+
+
+def broken_rules(values, rules, prefix=""):
+    """'name=value (must be ...)' for each value that breaks its rule. rules: {name: (ok(value,
+    values), what it must be)}: train.py's settings, the scripts' flags (None: not given)."""
+    return [f"{prefix}{k}={values[k]!r} (must be {want})" for k, (ok, want) in rules.items()
+            if values[k] is not None and not ok(values[k], values)]
+
+
+def check_flags(args, rules):
+    """A script's flags (argparse's args) against rules (broken_rules): die() at a broken one."""
+    broken = broken_rules(vars(args), rules, "--")
+    if broken:
+        die(broken[0])
+
+
+def devices():
+    """The devices of this machine: cpu, and cuda, cuda:0 .. cuda:N-1 where it has N GPUs."""
+    import torch  # (here: importing a prepare module stays light)
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    names = ["cpu"]
+    if n:
+        names += ["cuda"] + [f"cuda:{k}" for k in range(n)]
+    return names
+
+
+def resolve_device(name):
+    """--device auto: cuda where this machine has a GPU, else cpu; any other name as it is."""
+    if name != "auto":
+        return name
+    return "cuda" if "cuda" in devices() else "cpu"
+
+
+DEVICE_RULE = (lambda v, c: v == "auto" or v in devices(), "auto, cpu, or cuda[:N] of a GPU here")
+KERNEL_RULE = (lambda v, c: v != "triton" or resolve_device(c["device"]).startswith("cuda")
+               or os.environ.get("TRITON_INTERPRET") == "1",
+               "auto or torch off CUDA: the Triton kernels run on GPUs (or TRITON_INTERPRET=1)")
 
 
 def require(module, pip_name, purpose):
@@ -88,36 +129,129 @@ def codec(meta):
     return encode, lambda ids: "".join(itos[i] for i in ids)
 
 
-def check_outputs(**paths):
-    """Refuse early an output path that is a folder or unwritable, and --plot without matplotlib."""
-    for option, path in ((o, p) for o, p in paths.items() if p):
-        folder = next(f for f in Path(os.path.abspath(path)).parents if os.path.lexists(f))
-        try:
-            if os.path.isdir(path):
-                raise PrepareError(f"--{option} {path} is a folder; give a file name")
-            tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-").close()
-            if option == "plot":
-                import matplotlib  # noqa: F401
-        except OSError as e:
-            raise PrepareError(f"--{option} {path}: cannot write into {folder} ({e.strerror or e})") from None
-        except ImportError:
-            raise PrepareError(f"--plot {path} needs matplotlib: pip install matplotlib") from None
-
-
-def write_atomic(path, save):
-    """save(tmp), then rename tmp to path: no half-written file, a crash leaves the old one."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp"
+def utf8(data, path, offset=0):
+    """data (bytes read from path at offset) as text; a byte that is not UTF-8 is a PrepareError
+    naming the file and the byte's offset (Python's decoding puts U+FFFD there or fails mid-run)."""
     try:
-        save(tmp)
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PrepareError(f"{path}: not UTF-8 at byte {offset + e.start} (0x{data[e.start]:02x}); "
+                           "convert it to UTF-8 (e.g. iconv -t UTF-8)") from None
+
+
+def model_vocab(meta):
+    """The vocab_size of train.py's model for data with this meta.json: gpt2's 50257 padded to 50304
+    (a multiple of 64, as nanoGPT: faster matmuls), else meta's own."""
+    V = meta["vocab_size"]
+    return (V + 63) // 64 * 64 if meta.get("tokenizer") == "gpt2" else V
+
+
+def format_module(meta):
+    """The prepare/ module meta.json's "format" names (decode, encode, save_sample), or None."""
+    if not meta.get("format"):
+        return None
+    if meta["format"] not in _scripts():
+        raise PrepareError(f"meta.json's format {meta['format']!r} is none of prepare/'s "
+                           f"({', '.join(_scripts())}): data of another version of this repo?")
+    return importlib.import_module(f"prepare.{meta['format']}")
+
+
+# -----------------------------------------------------------------------------
+# outputs: every script's files (checkpoints, eval.json, --json, --plot, samples): output_file
+
+class _Output(io.RawIOBase):
+    """output_file's file: every byte through os.write (where a test fills the disk), counted; the
+    first OSError is kept (torch.save reports it as a RuntimeError)."""
+
+    def __init__(self, fd):
+        super().__init__()
+        self.fd, self.count, self.error = fd, 0, None
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        view, done = memoryview(b).cast("B"), 0
+        try:
+            while done < len(view):
+                done += os.write(self.fd, view[done:])
+        except OSError as e:
+            self.error = self.error or e
+            raise
+        self.count += done
+        return done
+
+
+@contextmanager
+def output_file(path):
+    """`with output_file(path) as f: f.write(data)` (or torch.save(obj, f), fig.savefig(f)): a
+    file whole or not at all. It goes to path.tmp, is synced, checked to hold every byte written and
+    renamed to path as the block ends; an error leaves the old file (or none) and no .tmp. An
+    OSError (a read-only folder, a full disk) is a PrepareError naming path and what errno means."""
+    path = os.fspath(path)
+    tmp, out = f"{path}.tmp", None
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        out = _Output(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+        yield out
+        os.fsync(out.fd)
+        if os.fstat(out.fd).st_size != out.count:
+            raise OSError(f"{os.fstat(out.fd).st_size} bytes on disk of the {out.count} written")
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as e:
+        if out is not None:
+            with suppress(OSError):
+                os.remove(tmp)
+        error = e if out is None or out.error is None else out.error
+        if isinstance(error, OSError):
+            raise PrepareError(f"cannot write {path}: {error.strerror or error}") from None
         raise
+    finally:
+        if out is not None:
+            os.close(out.fd)
 
 
 def write_json(path, obj, indent=1, default=None):
-    write_atomic(path, lambda tmp: Path(tmp).write_text(json.dumps(obj, indent=indent, default=default)))
+    with output_file(path) as f:
+        f.write(json.dumps(obj, indent=indent, default=default).encode())
+
+
+PROBE_BYTES = 1 << 16  # check_outputs writes this much: a full disk fails there, before the work
+
+
+def check_outputs(**paths):
+    """Refuse early an output path that is a folder or cannot be written (read-only, a full disk:
+    a probe of PROBE_BYTES is written and removed where it would go); --plot without matplotlib."""
+    for option, path in ((o, p) for o, p in paths.items() if p):
+        folder = next(f for f in Path(os.path.abspath(path)).parents if os.path.lexists(f))
+        if os.path.isdir(path):
+            raise PrepareError(f"--{option} {path} is a folder; give a file name")
+        if not folder.is_dir():
+            raise PrepareError(f"--{option} {path}: {folder} is a file, not a folder")
+        probe = folder / f".write-check-{os.getpid()}"
+        try:
+            with output_file(probe) as f:
+                f.write(bytes(PROBE_BYTES))
+            os.remove(probe)
+        except PrepareError as e:
+            raise PrepareError(f"--{option} {path}: {e}") from None
+        if option == "plot":
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                raise PrepareError(f"--plot {path} needs matplotlib: pip install matplotlib") \
+                    from None
+
+
+def save_sample(ids, meta, prefix, decode):
+    """sample.py --save: ids to prefix + the format's own extension (its save_sample, e.g. JSB's
+    .mid) or to prefix.txt (decode(ids)), through output_file; returns the path written."""
+    fmt = format_module(meta)
+    if fmt is not None and hasattr(fmt, "save_sample"):
+        return fmt.save_sample(ids, meta, prefix)
+    with output_file(f"{prefix}.txt") as f:
+        f.write(decode(ids).encode("utf-8"))
+    return f"{prefix}.txt"
 
 
 _LOCKS = {}  # lock file -> its fd, held until unlock_folder or the process's end
@@ -125,12 +259,18 @@ _LOCKS = {}  # lock file -> its fd, held until unlock_folder or the process's en
 
 def lock_folder(folder, hint, path=None):
     """One run per folder: an exclusive flock on path (default folder/.lock), which the OS drops however the
-    process ends; unlock_folder or a normal exit deletes the file. PrepareError while another run holds it."""
+    process ends; unlock_folder or a normal exit deletes the file. PrepareError while another run
+    holds it, or where path is not a regular file (a folder, a link) or cannot be made."""
     import atexit
     import fcntl
     path = str(path or os.path.join(folder, ".lock"))
     while path not in _LOCKS:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
+            raise PrepareError(f"{path} is not a regular file (a folder or a link): remove it")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            raise PrepareError(f"cannot make the lock file {path}: {e.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -257,10 +397,14 @@ def command_line(script, parser, args, defaults=None):
     return shlex.join(parts)
 
 
+def _scripts():
+    return sorted({p.stem for p in Path(__file__).parent.glob("*.py")} - {"__init__", "common"})
+
+
 def _rebuild_hint(d, meta):
     if isinstance(meta, dict) and isinstance(meta.get("prepare"), str):
         return f"rebuild it with: {meta['prepare']}"
-    scripts = sorted({p.stem for p in Path(__file__).parent.glob("*.py")} - {"__init__", "common"})
+    scripts = _scripts()
     script = "indirect_indexing.py --quick" if d.name == "indirect_indexing_quick" else f"{d.name}.py"
     if script.split(".")[0] not in scripts:
         return "make it with one of: " + ", ".join(f"python prepare/{s}.py" for s in scripts)
@@ -277,6 +421,9 @@ def check_dataset(data_dir, splits=("train", "val"), scan=True):
     def fail(path, what):
         raise PrepareError(f"{path}: {what}; {_rebuild_hint(d, meta)}".replace("\n", " "))
 
+    if not d.is_dir() and d.with_name(f"{d.name}.old").is_dir():  # (prepare killed between renames)
+        fail(d, f"no such dataset folder, but {d.name}.old beside it holds the last set: the next "
+             f"prepare run puts it back (or mv {d.name}.old {d.name})")
     if not mp.is_file():
         fail(mp if d.is_dir() else d, "missing" if d.is_dir() else "no such dataset folder")
     try:
@@ -306,8 +453,11 @@ def check_dataset(data_dir, splits=("train", "val"), scan=True):
             fail(mpath, f"holds {mpath.stat().st_size:,} entries but {path.name} holds {n:,} tokens")
         if scan and (top := int(np.memmap(path, dtype=dtype, mode="r").max())) >= V:  # (pages, not RAM)
             fail(path, f"token id {top} is >= vocab_size {V}")
-        if scan and mpath.exists() and not np.memmap(mpath, np.uint8, mode="r").any():
+        top = int(np.memmap(mpath, np.uint8, mode="r").max()) if scan and mpath.exists() else 1
+        if top == 0:
             fail(mpath, "scores no token (all zeros)")
+        if top > 1:  # (a 7 would weigh its token 7 times in the loss)
+            fail(mpath, f"holds {top}: a mask is 0 or 1")
     return meta
 
 

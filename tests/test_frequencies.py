@@ -172,9 +172,10 @@ def test_outputs_are_checked_before_any_checkpoint_is_read(data, tmp_path, monke
 
 
 @pytest.mark.parametrize("script", [ef, ex])
-def test_refusals_name_the_file_or_option(data, tmp_path, script):
+def test_refusals_name_the_file_or_option(data, tmp_path, monkeypatch, script):
     """Exit status 2 and one line (helpers.script_error) naming the file or option at fault. Each case
     overrides the good arguments (argparse keeps an option's last value)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     ck = save(tiny(0, pos_emb="pope"), tmp_path / "m.pt")
     small = save(tiny(0, pos_emb="pope", vocab_size=8), tmp_path / "small.pt")  # the data holds ids up to 15
     (tmp_path / "short").mkdir()
@@ -185,11 +186,16 @@ def test_refusals_name_the_file_or_option(data, tmp_path, script):
     cases = [(["--ckpt", "nope/ckpt.pt"], "nope/ckpt.pt"), (["--data", "missing.bin"], "missing.bin"),
              (["--data", __file__], "--data"), (["--data", tmp_path / "empty.txt"], "empty.txt"),
              (["--data", tmp_path / "lone.bin"], "meta.json"), (["--data", short], str(short)),
-             (["--labels", "a,b"], "--labels"), (["--ckpt", small], small)]
+             (["--labels", "a,b"], "--labels"), (["--ckpt", small], small),
+             (["--attn_impl", "triton"], "--attn_impl")]  # (err: --device cpu)
     cases += {ef: [(["--tokens", 0], "--tokens"), (["--tokens", 6000], str(data)),
                    (["--ckpt", ck, ck], "--labels")],  # (two series, one label)
               ex: [(["--lengths", "0,32"], "--lengths"), (["--lengths", "1k"], "--lengths"),
                    (["--max_tokens", "10"], "--max_tokens"), (["--max_tokens", "6000"], "--max_tokens"),
-                   (["--yarn_only"], "--yarn_only"), (["--yarn_scale", "0.5"], "--yarn_scale")]}[script]
+                   (["--yarn_only"], "--yarn_only"), (["--yarn_scale", "0.5"], "--yarn_scale"),
+                   (["--yarn_scale", "nan"], "--yarn_scale"),
+                   (["--yarn_scale", "inf"], "--yarn_scale")]}[script]
     for args, named in cases:
         assert named in err(script, ["--ckpt", ck, "--data", data, *args]), args
+    no_gpu = ["--ckpt", ck, "--data", data, "--device", "cuda:64"]  # (no machine has 65 GPUs)
+    assert "--device" in script_error(script.main, no_gpu)
