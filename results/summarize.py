@@ -30,19 +30,17 @@ def raw(path):
 
 @functools.cache
 def load(path):
-    """{step: {split: {loss, acc}}}: a log's or metrics.jsonl's periodic evals, an eval.json's."""
+    """{step: {split: {loss, acc}}}: the periodic evals of a training log or metrics.jsonl."""
     if path.endswith(".log"):  # "step N: train loss a acc b, val loss x acc y"
         return {int(i): {k: {"loss": float(x), "acc": float(y)} for k, x, y in
                          re.findall(r"(\w+) loss ([\d.]+) acc ([\d.]+)", rest)}
                 for i, rest in re.findall(r"^step (\d+): (.*)$", raw(path), re.M)}
-    if path.endswith(".jsonl"):
-        recs = [json.loads(line) for line in raw(path).splitlines()]
-        return {r["iter"]: r["eval"] for r in recs if "eval" in r and "test" not in r["eval"]}
-    r = json.loads(raw(path))
-    return {r["iter"]: {k: v for k, v in r.items() if isinstance(v, dict)}}
+    recs = [json.loads(line) for line in raw(path).splitlines()]
+    return {r["iter"]: r["eval"] for r in recs if "eval" in r and "test" not in r["eval"]}
 
+@functools.cache
 def final(path, split, key):  # the loss, or accuracy in %, of a split in an eval.json
-    x = load(path)[max(load(path))][split][key]
+    x = json.loads(raw(path))[split][key]
     return 100 * x if key == "acc" else x
 
 def attention(log):
