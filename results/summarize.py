@@ -70,11 +70,12 @@ def paired(a, b):
     return r
 
 def verdict(r, sign):
-    """The rule's word for a paired result whose paper's direction is sign (+1: a above b)."""
+    """The rule's word for a result (n, mean a − b, p) in the paper's direction sign (+1: a > b)."""
     if r["n"] < MIN_N:
         return "too few seeds for a test"
-    lo, hi = sorted([sign * r["lo"], sign * r["hi"]]) if r["lo"] is not None else (0, 0)
-    return "reproduced" if lo > 0 else "opposite" if hi < 0 else "not established"
+    if r["p"] is None or r["p"] >= ALPHA:  # a t-test's: its 95% interval holds zero
+        return "not established"
+    return "reproduced" if sign * r["mean"] > 0 else "opposite"
 
 PAIRED = ["n", "mean difference", "95% interval", "paired t p", "exact p",
           "higher / lower / tie (sign p)"]
@@ -369,9 +370,7 @@ RULE = (f"A claim counts as **reproduced** where its test rejects no difference 
 
 def ii_claim(a):
     (k1, n1), (k2, n2), fp = solved(a, "pope"), solved(a, "rope"), fisher(a)
-    word = "too few seeds for a test" if min(n1, n2) < MIN_N else "not established"
-    if min(n1, n2) >= MIN_N and fp < ALPHA:
-        word = "reproduced" if k1 / n1 > k2 / n2 else "opposite"
+    word = verdict(dict(n=min(n1, n2), mean=k1 / n1 - k2 / n2, p=fp), 1)  # of the solve rates
     r, (w, l, t, sp) = paired(arm(a, "pope"), arm(a, "rope")), first(a, "pope", a, "rope", 15)
     ours = (f"solved by PoPE on {k1} of {n1} seeds, by RoPE on {k2} of {n2} (Fisher p {fp:.2g}); "
             f"test accuracy PoPE − RoPE {says(r, 1, ' points')}, exact p {r['exact_p']:.2g}")
