@@ -201,9 +201,9 @@ def t_ii_endpoints():
     return table(["arm", "PoPE solved", "RoPE solved", "Fisher p", "PoPE lifted off",
                   "RoPE lifted off", "PoPE test acc", "RoPE test acc"], rows)
 
-def t_ii_seeds(arms):
+def t_ii_seeds(target):  # the target arms' (RESULTS §1), or the others'
     """Per seed, each arm's test accuracy and first eval above 50% val accuracy."""
-    cols = [(a, pe) for a in arms for pe in PES if arm(a, pe)]
+    cols = [(a, pe) for a in ii_runs() if (a in targets()) == target for pe in PES if arm(a, pe)]
     cell = {(a, pe, s): f"{x:.2f}% ({step_k(ii_runs()[a][s, pe], SOLVED)})" for a, pe in cols
             for s, x in arm(a, pe).items()}
     return table(["seed"] + [f"{PES[pe]}, {arm_name(a)}" for a, pe in cols],
@@ -338,6 +338,7 @@ def t_train_step():
 CALL = re.compile(r"^(\w+) (?:n=)?(\w+) rc=0 wall=([\d.]+) s\n(?:decoding: .*\n)?prefill: .* time to "
                   r"first token ([\d.]+) s since start(?: \(imports ([\d.]+) s, checkpoint ([\d.]+) s\))?"
                   r"\ndecode: .* tokens/s \(capture ([\d.]+) s", re.M)
+CALL_HEAD = ["call, s", "first token, s", "imports, s", "checkpoint, s", "graph capture, s"]
 
 def calls(name):
     """[(series, setting, call s, first token s, imports s, checkpoint s, capture s)] of a printout;
@@ -437,14 +438,11 @@ def v_delta():
 TABLES = {f.__name__[2:]: f for f in (t_ii_endpoints, t_tasks,
                                       t_tasks_paired, t_lm_ppl, t_lm_paired, t_train_step)}
 TABLES.update(
-    **{f"sample_{k}": functools.partial(lambda k: table(
-        [*h, "call, s", "first token, s", "imports, s", "checkpoint, s", "graph capture, s"],
-        calls(f"sample{k}")), k) for k, h in (("time", ("sample.py of", "caches")),
-                                              ("decode", ("decoding", "new tokens")))},
     claims=lambda: table(["claim", "paper", "ours", "verdict", "where"], [c[:5] for c in claims()]),
-    ii_seeds=lambda: t_ii_seeds(targets()), ii_paired=lambda: t_ii_paired(True),
-    ii_paired_all=lambda: t_ii_paired(False),
-    ii_seeds_all=lambda: t_ii_seeds([a for a in ii_runs() if a not in targets()]),
+    ii_seeds=lambda: t_ii_seeds(True), ii_seeds_all=lambda: t_ii_seeds(False),
+    ii_paired=lambda: t_ii_paired(True), ii_paired_all=lambda: t_ii_paired(False),
+    sample_time=lambda: table(["decoding", "new tokens", *CALL_HEAD], calls("sampletime")),
+    sample_decode=lambda: table(["decoding", "new tokens", *CALL_HEAD], calls("sampledecode")),
     env_ii=lambda: t_env(II), env_tasks=lambda: t_env("tasks"),
     env_gpu_tests=lambda: t_env("gpu_tests"),
     freq_ii=lambda: t_freq(False), freq_lm=lambda: t_freq(True))
