@@ -335,30 +335,32 @@ def t_train_step():
 
 # ---- sample.py's time to a sample: results/sample_time.sh's printouts in results/sample/ ----
 
-CALL = re.compile(r"^(\w+) (?:n=)?(\w+) rc=0 wall=([\d.]+) s\n(?:decoding: .*\n)?prefill: .* time to "
-                  r"first token ([\d.]+) s since start(?: \(imports ([\d.]+) s, checkpoint ([\d.]+) s\))?"
-                  r"\ndecode: .* tokens/s \(capture ([\d.]+) s", re.M)
+SAMPLE = "sample/time-to-sample"
+CALL = re.compile(r"^(\w+) (?:n=)?(\w+) rc=0 wall=([\d.]+) s\n(?:decoding: .*\n)?prefill: .* "
+                  r"time to first token ([\d.]+) s since start(?: \(imports ([\d.]+) s, "
+                  r"checkpoint ([\d.]+) s\))?\ndecode: .* tokens/s \(capture ([\d.]+) s", re.M)
 CALL_HEAD = ["call, s", "first token, s", "imports, s", "checkpoint, s", "graph capture, s"]
 
 def calls(name):
     """[(series, setting, call s, first token s, imports s, checkpoint s, capture s)] of a printout;
     the series old and new named by the commits the files name."""
-    old = re.search(r"--- (\w+)'s sample.py", raw("sample/time-to-sample/sampletime.txt"))[1]
-    new = re.search(r"commit: (\w{7})", raw("sample/time-to-sample/env-machine.txt"))[1]
+    old = re.search(r"--- (\w+)'s sample.py", raw(f"{SAMPLE}/sampletime.txt"))[1]
+    new = re.search(r"commit: (\w{7})", raw(f"{SAMPLE}/env-machine.txt"))[1]
     return [({"old": old, "new": new}.get(c[0], c[0]), *c[1:4], c[4] or "not printed",
-             c[5] or "not printed", c[6]) for c in CALL.findall(raw(f"sample/time-to-sample/{name}.txt"))]
+             c[5] or "not printed", c[6]) for c in CALL.findall(raw(f"{SAMPLE}/{name}.txt"))]
 
 def v_sample():
     by, d = {}, {(c[0], c[1]): c for c in calls("sampledecode")}
     for c in calls("sampletime"):
         by.setdefault(c[0], []).append([float(x) for x in c[2:4]])
-    (a, ra), (b, rb) = [(k, [f"{min(x):.1f}–{max(x):.1f} s" for x in zip(*v)]) for k, v in by.items()]
-    ns = sorted({n for _, n in d}, key=int)
-    return (f"A call of {b}'s sample.py took {rb[0]} (first token at {rb[1]}) against {a}'s {ra[0]} "
-            f"({ra[1]}), over {len(by[b])} and {len(by[a])} calls. " + "; ".join(
-                f"{'At' if n == ns[0] else 'at'} {int(n):,} new tokens graph decoding's call took "
-                f"{d['graph', n][2]} s (capture {d['graph', n][6]} s) against eager's {d['eager', n][2]} s"
-                for n in ns) + ".")
+    (a, ra), (b, rb) = [(k, [f"{min(x):.1f}–{max(x):.1f} s" for x in zip(*v)])
+                        for k, v in by.items()]
+    decode = "; ".join(f"at {int(n):,} new tokens graph decoding's call took {d['graph', n][2]} s "
+                       f"(capture {d['graph', n][6]} s) against eager's {d['eager', n][2]} s"
+                       for n in sorted({n for _, n in d}, key=int))
+    return (f"A call of {b}'s sample.py took {rb[0]} (first token at {rb[1]}) against {a}'s "
+            f"{ra[0]} ({ra[1]}), over {len(by[b])} and {len(by[a])} calls. {decode[0].upper()}"
+            f"{decode[1:]}.")
 
 # ---- the claims and their verdicts ----
 
