@@ -393,13 +393,13 @@ def claims():
     out, rows = [ii_claim(a) for a in targets()], task_rows()
     for name, r, gap in [row for row in rows if row[2] is not None]:
         subs = [(n[len(name) + 2:], s) for n, s, _ in rows if n.startswith(f"{name}, PoPE on")]
+        ours = f"PoPE − RoPE {says(r, 4)}"
         more = "".join(f"; {n}: {says(s, 4)}" for n, s in subs)
         alone = [n for n, s in subs if verdict(s, -1) == "reproduced"]
-        if len(subs) > 1 and len(alone) == 1:
+        if len(alone) == 1:  # of two or more paths (subs only where PoPE trained on several)
             more += f"; the gap rests on one code path ({alone[0]} alone rejects no difference)"
         out.append((f"{name}: PoPE's test NLL is below RoPE's", f"PoPE − RoPE {gap:+.4f} nats",
-                    f"PoPE − RoPE {says(r, 4)}", verdict(r, -1), "§2",
-                    f"PoPE − RoPE {says(r, 4)}{more}"))
+                    ours, verdict(r, -1), "§2", ours + more))
     r = lm_pair("PoPE", "RoPE", 5120)
     inc = [[ppl(f"RoPE-s{s}", L) - ppl(f"RoPE-s{s}", L - 512) for s in LM_SEEDS]
            for L in (1024, 5120)]
