@@ -11,6 +11,7 @@ import glob
 import json
 import os
 import re
+import runpy
 import statistics
 
 import numpy as np
@@ -30,19 +31,17 @@ def raw(path):
 
 @functools.cache
 def load(path):
-    """{step: {split: {loss, acc}}}: a log's or metrics.jsonl's periodic evals, an eval.json's."""
+    """{step: {split: {loss, acc}}}: the periodic evals of a training log or metrics.jsonl."""
     if path.endswith(".log"):  # "step N: train loss a acc b, val loss x acc y"
         return {int(i): {k: {"loss": float(x), "acc": float(y)} for k, x, y in
                          re.findall(r"(\w+) loss ([\d.]+) acc ([\d.]+)", rest)}
                 for i, rest in re.findall(r"^step (\d+): (.*)$", raw(path), re.M)}
-    if path.endswith(".jsonl"):
-        recs = [json.loads(line) for line in raw(path).splitlines()]
-        return {r["iter"]: r["eval"] for r in recs if "eval" in r and "test" not in r["eval"]}
-    r = json.loads(raw(path))
-    return {r["iter"]: {k: v for k, v in r.items() if isinstance(v, dict)}}
+    recs = [json.loads(line) for line in raw(path).splitlines()]
+    return {r["iter"]: r["eval"] for r in recs if "eval" in r and "test" not in r["eval"]}
 
+@functools.cache
 def final(path, split, key):  # the loss, or accuracy in %, of a split in an eval.json
-    x = load(path)[max(load(path))][split][key]
+    x = json.loads(raw(path))[split][key]
     return 100 * x if key == "acc" else x
 
 def attention(log):
@@ -71,11 +70,12 @@ def paired(a, b):
     return r
 
 def verdict(r, sign):
-    """The rule's word for a paired result whose paper's direction is sign (+1: a above b)."""
+    """The rule's word for a result (n, mean a − b, p) in the paper's direction sign (+1: a > b)."""
     if r["n"] < MIN_N:
         return "too few seeds for a test"
-    lo, hi = sorted([sign * r["lo"], sign * r["hi"]]) if r["lo"] is not None else (0, 0)
-    return "reproduced" if lo > 0 else "opposite" if hi < 0 else "not established"
+    if r["p"] is None or r["p"] >= ALPHA:  # a t-test's: its 95% interval holds zero
+        return "not established"
+    return "reproduced" if sign * r["mean"] > 0 else "opposite"
 
 PAIRED = ["n", "mean difference", "95% interval", "paired t p", "exact p",
           "higher / lower / tie (sign p)"]
@@ -125,7 +125,9 @@ ARMS = {"target": "loss on the target letter, weight decay 0.1",
         "all-wd0clip0": "every token, weight decay 0, no gradient clipping"}
 # an independent, pre-registered replication on the paper's recipe, quoted (not our runs): its
 # INDIRECT_RESULTS.md and INDIRECT_RESULTS_200k.md; test accuracy over 3 seeds, solved of 8 seeds
-REPLICATION = ("PrashRangarajan/mapformer", (34.4, 39.8, 6.6, 2.1), {100: (1, 8), 200: (7, 8)})
+REPLICATION = ("PrashRangarajan/mapformer", (34.4, 39.8, 6.6, 2.1), (1, 8), (7, 8))
+FLOORS = {"copy": "copy the source letter at shift 0, else guess another",  # content_floor()
+          "valid": "the same, guessing only among letters the shift can reach"}
 PAPER = {"ii": (94.82, 2.91, 11.16, 2.45), "jsb": (0.4889, 0.5081), "maestro": (1.486, 1.501),
          "genome": (4.152, 4.217), "lm": (21.33, 21.55)}  # PoPE's, RoPE's (ii: mean, std each)
 
@@ -179,12 +181,6 @@ def solved(a, pe):
 def fisher(a):
     return stats.fisher_exact([[k, n - k] for k, n in map(solved, (a, a), ("pope", "rope"))]).pvalue
 
-def ii_floors():  # the best accuracy of rules that use no positions: prepare's content_floor()
-    import runpy
-    f = runpy.run_path(f"{R}/../prepare/indirect_indexing.py")["content_floor"]()
-    return [("copy the source letter at shift 0, else guess another", f["copy"]),
-            ("the same, guessing only among letters the shift can reach", f["valid"])]
-
 def t_ii_endpoints():
     rows = []
     for a in targets():
@@ -193,20 +189,21 @@ def t_ii_endpoints():
         rows.append([arm_name(a)] + ["{} of {}".format(*solved(a, p)) for p in ("pope", "rope")]
                     + [f"{fisher(a):.2g}"] + ["{} of {}".format(*x) for x in lifted]
                     + [mean_std(arm(a, p).values(), 2) + "%" for p in ("pope", "rope")])
-    p, (name, q, solves) = PAPER["ii"], REPLICATION
-    rows.append(["paper (3 seeds)", "", "", "", "", "", f"{p[0]} ± {p[1]}%", f"{p[2]} ± {p[3]}%"])
-    rows += [[f"floor, no positions: {n}", "", "", "", "", "", *[f"{100 * x:.2f}%"] * 2]
-             for n, x in ii_floors()]
-    rows += [[f"{name}, {k}k steps" + (" (test acc: 3 seeds)" if k == 100 else ""), "{} of {}".format(*v),
-              "" if k == 100 else "not run", "", "", "", *(
-                  [f"{q[0]} ± {q[1]}%", f"{q[2]} ± {q[3]}%"] if k == 100 else ["", ""])]
-             for k, v in solves.items()]
+    p, (name, q, (k1, n1), (k2, n2)) = PAPER["ii"], REPLICATION
+    floor = runpy.run_path(f"{R}/../prepare/indirect_indexing.py")["content_floor"]()
+    quoted = [("paper (3 seeds)", "", "", f"{p[0]} ± {p[1]}%", f"{p[2]} ± {p[3]}%")]
+    quoted += [(f"floor, no positions: {n}", "", "", *[f"{100 * floor[k]:.2f}%"] * 2)
+               for k, n in FLOORS.items()]
+    quoted += [(f"{name}, 100k steps (test acc: 3 seeds)", f"{k1} of {n1}", "",
+                f"{q[0]} ± {q[1]}%", f"{q[2]} ± {q[3]}%"),
+               (f"{name}, 200k steps", f"{k2} of {n2}", "not run", "", "")]
+    rows += [[n, a, b, "", "", "", c, d] for n, a, b, c, d in quoted]
     return table(["arm", "PoPE solved", "RoPE solved", "Fisher p", "PoPE lifted off",
                   "RoPE lifted off", "PoPE test acc", "RoPE test acc"], rows)
 
-def t_ii_seeds(arms):
+def t_ii_seeds(target):  # the target arms' (RESULTS §1), or the others'
     """Per seed, each arm's test accuracy and first eval above 50% val accuracy."""
-    cols = [(a, pe) for a in arms for pe in PES if arm(a, pe)]
+    cols = [(a, pe) for a in ii_runs() if (a in targets()) == target for pe in PES if arm(a, pe)]
     cell = {(a, pe, s): f"{x:.2f}% ({step_k(ii_runs()[a][s, pe], SOLVED)})" for a, pe in cols
             for s, x in arm(a, pe).items()}
     return table(["seed"] + [f"{PES[pe]}, {arm_name(a)}" for a, pe in cols],
@@ -338,29 +335,32 @@ def t_train_step():
 
 # ---- sample.py's time to a sample: results/sample_time.sh's printouts in results/sample/ ----
 
-CALL = re.compile(r"^(\w+) (?:n=)?(\w+) rc=0 wall=([\d.]+) s\n(?:decoding: .*\n)?prefill: .* time to "
-                  r"first token ([\d.]+) s since start(?: \(imports ([\d.]+) s, checkpoint ([\d.]+) s\))?"
-                  r"\ndecode: .* tokens/s \(capture ([\d.]+) s", re.M)
+SAMPLE = "sample/time-to-sample"
+CALL = re.compile(r"^(\w+) (?:n=)?(\w+) rc=0 wall=([\d.]+) s\n(?:decoding: .*\n)?prefill: .* "
+                  r"time to first token ([\d.]+) s since start(?: \(imports ([\d.]+) s, "
+                  r"checkpoint ([\d.]+) s\))?\ndecode: .* tokens/s \(capture ([\d.]+) s", re.M)
+CALL_HEAD = ["call, s", "first token, s", "imports, s", "checkpoint, s", "graph capture, s"]
 
 def calls(name):
     """[(series, setting, call s, first token s, imports s, checkpoint s, capture s)] of a printout;
     the series old and new named by the commits the files name."""
-    old = re.search(r"--- (\w+)'s sample.py", raw("sample/time-to-sample/sampletime.txt"))[1]
-    new = re.search(r"commit: (\w{7})", raw("sample/time-to-sample/env-machine.txt"))[1]
+    old = re.search(r"--- (\w+)'s sample.py", raw(f"{SAMPLE}/sampletime.txt"))[1]
+    new = re.search(r"commit: (\w{7})", raw(f"{SAMPLE}/env-machine.txt"))[1]
     return [({"old": old, "new": new}.get(c[0], c[0]), *c[1:4], c[4] or "not printed",
-             c[5] or "not printed", c[6]) for c in CALL.findall(raw(f"sample/time-to-sample/{name}.txt"))]
+             c[5] or "not printed", c[6]) for c in CALL.findall(raw(f"{SAMPLE}/{name}.txt"))]
 
 def v_sample():
     by, d = {}, {(c[0], c[1]): c for c in calls("sampledecode")}
     for c in calls("sampletime"):
         by.setdefault(c[0], []).append([float(x) for x in c[2:4]])
-    (a, ra), (b, rb) = [(k, [f"{min(x):.1f}–{max(x):.1f} s" for x in zip(*v)]) for k, v in by.items()]
-    ns = sorted({n for _, n in d}, key=int)
-    return (f"A call of {b}'s sample.py took {rb[0]} (first token at {rb[1]}) against {a}'s {ra[0]} "
-            f"({ra[1]}), over {len(by[b])} and {len(by[a])} calls. " + "; ".join(
-                f"{'At' if n == ns[0] else 'at'} {int(n):,} new tokens graph decoding's call took "
-                f"{d['graph', n][2]} s (capture {d['graph', n][6]} s) against eager's {d['eager', n][2]} s"
-                for n in ns) + ".")
+    (a, ra), (b, rb) = [(k, [f"{min(x):.1f}–{max(x):.1f} s" for x in zip(*v)])
+                        for k, v in by.items()]
+    decode = "; ".join(f"at {int(n):,} new tokens graph decoding's call took {d['graph', n][2]} s "
+                       f"(capture {d['graph', n][6]} s) against eager's {d['eager', n][2]} s"
+                       for n in sorted({n for _, n in d}, key=int))
+    return (f"A call of {b}'s sample.py took {rb[0]} (first token at {rb[1]}) against {a}'s "
+            f"{ra[0]} ({ra[1]}), over {len(by[b])} and {len(by[a])} calls. {decode[0].upper()}"
+            f"{decode[1:]}.")
 
 # ---- the claims and their verdicts ----
 
@@ -373,9 +373,7 @@ RULE = (f"A claim counts as **reproduced** where its test rejects no difference 
 
 def ii_claim(a):
     (k1, n1), (k2, n2), fp = solved(a, "pope"), solved(a, "rope"), fisher(a)
-    word = "too few seeds for a test" if min(n1, n2) < MIN_N else "not established"
-    if min(n1, n2) >= MIN_N and fp < ALPHA:
-        word = "reproduced" if k1 / n1 > k2 / n2 else "opposite"
+    word = verdict(dict(n=min(n1, n2), mean=k1 / n1 - k2 / n2, p=fp), 1)  # of the solve rates
     r, (w, l, t, sp) = paired(arm(a, "pope"), arm(a, "rope")), first(a, "pope", a, "rope", 15)
     ours = (f"solved by PoPE on {k1} of {n1} seeds, by RoPE on {k2} of {n2} (Fisher p {fp:.2g}); "
             f"test accuracy PoPE − RoPE {says(r, 1, ' points')}, exact p {r['exact_p']:.2g}")
@@ -395,13 +393,13 @@ def claims():
     out, rows = [ii_claim(a) for a in targets()], task_rows()
     for name, r, gap in [row for row in rows if row[2] is not None]:
         subs = [(n[len(name) + 2:], s) for n, s, _ in rows if n.startswith(f"{name}, PoPE on")]
+        ours = f"PoPE − RoPE {says(r, 4)}"
         more = "".join(f"; {n}: {says(s, 4)}" for n, s in subs)
         alone = [n for n, s in subs if verdict(s, -1) == "reproduced"]
-        if len(subs) > 1 and len(alone) == 1:
+        if len(alone) == 1:  # of two or more paths (subs only where PoPE trained on several)
             more += f"; the gap rests on one code path ({alone[0]} alone rejects no difference)"
         out.append((f"{name}: PoPE's test NLL is below RoPE's", f"PoPE − RoPE {gap:+.4f} nats",
-                    f"PoPE − RoPE {says(r, 4)}", verdict(r, -1), "§2",
-                    f"PoPE − RoPE {says(r, 4)}{more}"))
+                    ours, verdict(r, -1), "§2", ours + more))
     r = lm_pair("PoPE", "RoPE", 5120)
     inc = [[ppl(f"RoPE-s{s}", L) - ppl(f"RoPE-s{s}", L - 512) for s in LM_SEEDS]
            for L in (1024, 5120)]
@@ -442,14 +440,11 @@ def v_delta():
 TABLES = {f.__name__[2:]: f for f in (t_ii_endpoints, t_tasks,
                                       t_tasks_paired, t_lm_ppl, t_lm_paired, t_train_step)}
 TABLES.update(
-    **{f"sample_{k}": functools.partial(lambda k: table(
-        [*h, "call, s", "first token, s", "imports, s", "checkpoint, s", "graph capture, s"],
-        calls(f"sample{k}")), k) for k, h in (("time", ("sample.py of", "caches")),
-                                              ("decode", ("decoding", "new tokens")))},
     claims=lambda: table(["claim", "paper", "ours", "verdict", "where"], [c[:5] for c in claims()]),
-    ii_seeds=lambda: t_ii_seeds(targets()), ii_paired=lambda: t_ii_paired(True),
-    ii_paired_all=lambda: t_ii_paired(False),
-    ii_seeds_all=lambda: t_ii_seeds([a for a in ii_runs() if a not in targets()]),
+    ii_seeds=lambda: t_ii_seeds(True), ii_seeds_all=lambda: t_ii_seeds(False),
+    ii_paired=lambda: t_ii_paired(True), ii_paired_all=lambda: t_ii_paired(False),
+    sample_time=lambda: table(["decoding", "new tokens", *CALL_HEAD], calls("sampletime")),
+    sample_decode=lambda: table(["decoding", "new tokens", *CALL_HEAD], calls("sampledecode")),
     env_ii=lambda: t_env(II), env_tasks=lambda: t_env("tasks"),
     env_gpu_tests=lambda: t_env("gpu_tests"),
     freq_ii=lambda: t_freq(False), freq_lm=lambda: t_freq(True))
