@@ -443,7 +443,7 @@ TABLES.update(
     claims=lambda: table(["claim", "paper", "ours", "verdict", "where"], [c[:5] for c in claims()]),
     ii_seeds=lambda: t_ii_seeds(True), ii_seeds_all=lambda: t_ii_seeds(False),
     ii_paired=lambda: t_ii_paired(True), ii_paired_all=lambda: t_ii_paired(False),
-    sample_time=lambda: table(["decoding", "new tokens", *CALL_HEAD], calls("sampletime")),
+    sample_time=lambda: table(["sample.py of", "caches", *CALL_HEAD], calls("sampletime")),
     sample_decode=lambda: table(["decoding", "new tokens", *CALL_HEAD], calls("sampledecode")),
     env_ii=lambda: t_env(II), env_tasks=lambda: t_env("tasks"),
     env_gpu_tests=lambda: t_env("gpu_tests"),
