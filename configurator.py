@@ -1,12 +1,6 @@
 """
-train.py's configurator, as nanoGPT's: the defaults are train.py's globals; this
-applies, in argv's order, config files (plain Python assignments) and --key=value
-overrides (Python literals; a bare word is a string) to them:
-
-    cfg, given = configure(sys.argv[1:], defaults, __doc__)  # given: the keys set
-
-A value takes its default's type (an int where a float is wanted is fine); an
-unknown key is an error that names the nearest keys; --help lists every key.
+train.py's configurator, as nanoGPT's: config files (plain Python assignments) and --key=value
+overrides (Python literals; a bare word is a string) applied in argv's order to the defaults.
 """
 
 import ast
@@ -19,13 +13,16 @@ from prepare.common import utf8
 
 
 def configure(argv, defaults, doc=""):
-    cfg, given = dict(defaults), set()
+    """(cfg, the keys argv set). A value takes its default's type (an int for a float is fine);
+    an unknown key is an error naming the nearest; --help prints doc and every key."""
+    cfg = dict(defaults)
+    given = set()
 
     def set_key(key, val, where):
         if key not in defaults:
             near = difflib.get_close_matches(key, defaults, n=3)
-            sys.exit(f"error: unknown config key '{key}' ({where})"
-                     + (f"; did you mean {' or '.join(near)}?" if near else "; --help lists the keys"))
+            fix = f"did you mean {' or '.join(near)}?" if near else "--help lists the keys"
+            sys.exit(f"error: unknown config key '{key}' ({where}); {fix}")
         want = type(defaults[key])
         if want is float and type(val) is int:
             val = float(val)
