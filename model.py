@@ -134,9 +134,8 @@ def use_pope_kernel(attn_impl, q, k, v, delta, *, compiled=None, decoding=False)
         raise RuntimeError(f"attn_impl='triton' needs pope_kernel.py, but {KERNEL_MISSING}")
     if attn_impl == "auto" and not q.is_cuda:
         return False, f"attn_impl='auto' on {q.device.type}; the kernels run on CUDA"
-    # Until the kernel wins there (results/kernel/train-*: H200, 124M, bf16, 32k tokens; ms/step, PyTorch vs
-    # kernel, torch.compile: 1k 77.05 vs 76.38, 4k 99.74 vs 100.38, 16k 186.03 vs 195.60; ab-heads-*: 1k a tie),
-    # unless deterministic: SDPA's deterministic kernels are far slower (results/kernel/determinism.json)
+    # Until the kernel wins there (RESULTS.md §5, results/kernel/train-*.json), unless deterministic:
+    # SDPA's deterministic kernels are far slower (results/kernel/determinism.json)
     if attn_impl == "auto" and (torch.compiler.is_compiling() if compiled is None else compiled) and \
             not decoding and q.size(2) > 1024 and not torch.are_deterministic_algorithms_enabled():
         return False, "attn_impl='auto', torch.compile, over 1024 tokens: the PyTorch path, as fast or faster"
@@ -148,7 +147,7 @@ def use_pope_kernel(attn_impl, q, k, v, delta, *, compiled=None, decoding=False)
 
 class KVCache:
     """generate()'s static cache of `context` slots a layer; pos advances in place (a CUDA graph replays).
-    PoPE's keys: mu_k alone, phases made as read (5,283 tok/s, Cartesian keys 3,382: H200, batch 8, 8k)."""
+    PoPE's keys: mu_k alone, phases made as read."""
 
     def __init__(self, model, B, context, dtype):
         cfg, device, attns = model.config, model.lm_head.weight.device, [b.attn for b in model.transformer.h]
