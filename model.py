@@ -93,15 +93,22 @@ def pope_cartesian(x, cos_sin, raw=True):  # (B, H, T, 2D) of the raw x, or (raw
     mu = pope_magnitude(x.to(cos_sin.dtype)) if raw else x
     return (mu.unsqueeze(-2) * cos_sin).flatten(-2)
 
+def pope_turn(q, k, q_pos, k_pos, theta, delta, dtype, raw_k=True):
+    """PoPE's transform, its one home: q, k (raw_k=False: magnitudes) in Cartesian form at q_pos,
+    k_pos."""
+    q = pope_cartesian(q, pope_cos_sin(q_pos, theta)).to(dtype)
+    k = pope_cartesian(k, pope_cos_sin(k_pos, theta, delta), raw_k).to(dtype)
+    return q, k
+
 def pope_attention_torch(q, k, v, delta, *, causal=True, base=10000.0, q_offset=0):  # as pope_attention
+    D = q.size(-1)
     qpos = torch.arange(q_offset, q_offset + q.size(2), device=q.device)
     kpos = torch.arange(k.size(2), device=q.device)
-    theta = pope_frequencies(q.size(-1), base, q.device, torch.promote_types(q.dtype, torch.float32))
-    qc = pope_cartesian(q, pope_cos_sin(qpos, theta)).to(v.dtype)
-    kc = pope_cartesian(k, pope_cos_sin(kpos, theta, delta)).to(v.dtype)
+    theta = pope_frequencies(D, base, q.device, torch.promote_types(q.dtype, torch.float32))
     mask = kpos[None, :] <= qpos[:, None] if causal and (q_offset or q.size(2) != k.size(2)) else None
-    return F.scaled_dot_product_attention(qc, kc, v, attn_mask=mask, is_causal=causal and mask is None,
-                                          scale=1.0 / math.sqrt(q.size(-1)))
+    q, k = pope_turn(q, k, qpos, kpos, theta, delta, v.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
+                                          scale=1.0 / math.sqrt(D))
 
 # RoPE, with YaRN (Peng et al., arXiv 2309.00071) for longer contexts
 def yarn_inv_freq(head_dim, base, scale, orig_len, beta_fast=32.0, beta_slow=1.0):
@@ -174,20 +181,10 @@ class KVCache:
             if self.pos_emb == "rope":
                 self.rotation = [r.to(self.dtype) for r in rope_cos_sin(self.inv_freq, self.positions)]
 
-    def attend(self, layer, q, k, v, scale):  # raw q and k turned, k and v written, the slots up to each read
-        if q.size(2) == 1 and self.kernel:  # one token: the kernel turns q and k, writes them, reads 0..pos
-            return pope_kernel.decode_attention(q, k, v, self.k[layer], self.v[layer], self.positions, scale,
-                                                **self.turn[layer])
-        if self.pos_emb == "rope":
-            q, k = apply_rope(q, *self.rotation), apply_rope(k, *self.rotation)
-        if self.pos_emb == "pope":
-            k = pope_magnitude(k.to(self.theta.dtype))
-        k = self.k[layer].index_copy_(2, self.positions, k.to(self.dtype))  # (returns the whole cache)
+    def write(self, layer, k, v):  # k, v into the layer's slots; the whole caches back
+        k = self.k[layer].index_copy_(2, self.positions, k.to(self.dtype))
         v = self.v[layer].index_copy_(2, self.positions, v)
-        if self.pos_emb == "pope":  # the queries' and every slot's Cartesian form
-            q = pope_cartesian(q, pope_cos_sin(self.positions, self.theta)).to(v.dtype)
-            k = pope_cartesian(k, pope_cos_sin(self.slots, self.theta, self.delta[layer]), False).to(v.dtype)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias, scale=scale)
+        return k, v
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer_idx):
@@ -210,8 +207,8 @@ class CausalSelfAttention(nn.Module):
         # as 3H heads: compiled, view-permute-unbind's grads were wrong, split's slow (results/kernel/qkv-forms)
         q, k, v = self.c_attn(x).view(B, T, 3 * self.n_head, -1).transpose(1, 2).split(self.n_head, 1)
         q, k = self.q_probe(q), self.k_probe(k)  # (B, H, T, D) each
-        if cache is not None:  # generate(): over the cache's slots up to each query (it turns q and k)
-            y = cache.attend(self.layer_idx, q, k, v, self.scale)
+        if cache is not None:  # generate(): over the cache's slots up to each query
+            y = self.attend_cached(q, k, v, cache)
         elif self.pos_emb == "pope":
             delta = pope_delta(self.delta, self.delta_bound)
             if use_pope_kernel(self.attn_impl, q, k, v, delta)[0]:
@@ -224,6 +221,20 @@ class CausalSelfAttention(nn.Module):
                 q, k = apply_rope(q, *rot), apply_rope(k, *rot)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+
+    def attend_cached(self, q, k, v, cache):  # q, k turned, k, v written, the slots up to each query read
+        i = self.layer_idx
+        if q.size(2) == 1 and cache.kernel:  # one token: the kernel turns q and k, writes them, reads 0..pos
+            return pope_kernel.decode_attention(q, k, v, cache.k[i], cache.v[i], cache.positions, self.scale,
+                                                **cache.turn[i])
+        if self.pos_emb == "rope":
+            q, k = apply_rope(q, *cache.rotation), apply_rope(k, *cache.rotation)
+        if self.pos_emb == "pope":
+            k = pope_magnitude(k.to(cache.theta.dtype))
+        k, v = cache.write(i, k, v)
+        if self.pos_emb == "pope":
+            q, k = pope_turn(q, k, cache.positions, cache.slots, cache.theta, cache.delta[i], v.dtype, raw_k=False)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=cache.bias, scale=self.scale)
 
 class MLP(nn.Module):
     def __init__(self, config):
