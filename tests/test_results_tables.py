@@ -223,18 +223,6 @@ def test_paired_statistics_against_float64_references():
     assert s.fisher(("a", 100000)) == pytest.approx(tail)
 
 
-def test_the_attention_rules_measurement_is_the_committed_one():
-    """model.py's comment on auto's rule quotes the step times of results/kernel/train-*.json
-    (PyTorch path, kernel): a new measurement cannot leave the rule's stated basis stale."""
-    pair = r"([\d.]+) vs ([\d.]+)"
-    text = (REPO / "model.py").read_text()
-    quoted = re.search(rf"compile: 1k {pair}, 4k {pair}, 16k {pair}", text)
-    quoted = quoted.groups()
-    rows = {T: S.steps(f"train-{T}") for T in (1024, 4096, 16384)}
-    assert list(quoted) == [f"{rows[T][p]['ms']:.2f}" for T in rows
-                            for p in ("pope-torch", "pope-kernel")]
-
-
 def test_time_to_sample_from_the_printouts(tmp_path):
     """sample_time.sh's printouts: each call's wall, first-token, import, checkpoint and capture times,
     the series named by the commits the files give; the sentence gives each series' range."""
