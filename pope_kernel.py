@@ -34,77 +34,9 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-# -----------------------------------------------------------------------------
-# Interpreter shims (TRITON_INTERPRET=1, the CPU tests): Triton 3.6's interpreter differs from the GPU in
-# a few places; each shim below takes the GPU's path when compiled. TRITON_INTERPRET is read once, as
-# triton.jit reads it when the kernels are decorated: setting it later changes neither.
+# TRITON_INTERPRET is read once, as triton.jit reads it when the kernels are decorated: setting it later
+# changes neither.
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-_INTERPRETED = tl.constexpr(_INTERPRET)
-
-
-@triton.jit
-def _dot(a, b, acc, DOT_PREC: tl.constexpr):
-    # the interpreter multiplies bf16 tiles as raw uint16 bits: there every dot takes float32 operands (exact
-    # for bf16/fp16 values, as on tensor cores)
-    if _INTERPRETED:
-        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-    else:
-        acc = tl.dot(a, b, acc, input_precision=DOT_PREC)
-    return acc
-
-
-def _interpreter_int(x):
-    return int(x.handle.data.reshape(-1)[0]) if hasattr(x, "handle") else int(x)
-
-
-if hasattr(triton, "constexpr_function"):  # lets compiled kernels name it
-    _interpreter_int = triton.constexpr_function(_interpreter_int)
-
-
-@triton.jit
-def _loop_bounds(lo, hi):
-    # the interpreter keeps scalars as 1-element arrays, which numpy >= 2.4 no longer takes as a range()
-    # bound, and turns every value assigned to a name back into one: the loops take (lo, hi) from here
-    if _INTERPRETED:
-        bounds = (_interpreter_int(lo), _interpreter_int(hi))
-    else:
-        bounds = (lo, hi)
-    return bounds
-
-
-@triton.jit
-def _cast(x, dtype):
-    # the interpreter truncates float32 -> bf16 (the GPU rounds to nearest even), which doubles bf16 errors in
-    # the CPU tests: round first, with integer ops, so that its truncation is exact
-    if _INTERPRETED:
-        if dtype == tl.bfloat16:
-            b = x.to(tl.float32).to(tl.uint32, bitcast=True)
-            b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-            x = b.to(tl.float32, bitcast=True)
-    return x.to(dtype)
-
-
-@triton.jit
-def _fma(a, b, c):
-    # the interpreter rounds an fma's product to float32 first (a phase of 8000 would lose ~1e-4 rad): there
-    # in float64, exact as the GPU's fma is for _cos_sin's operands
-    if _INTERPRETED:
-        r = (c.to(tl.float64) + a.to(tl.float64) * b).to(tl.float32)
-    else:
-        r = tl.fma(a, b, c)
-    return r
-
-
-@triton.jit
-def _fast_cos_sin(r):
-    # the GPU's sin.approx/cos.approx for |r| <= pi; the interpreter has only numpy's
-    if _INTERPRETED:
-        c = tl.cos(r)
-        s = tl.sin(r)
-    else:
-        c = libdevice.fast_cosf(r)
-        s = libdevice.fast_sinf(r)
-    return c, s
 
 
 # -----------------------------------------------------------------------------
@@ -252,6 +184,41 @@ def _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, V, svs, svd, lo, hi, TK, qk_scal
     return acc, l_i, m_i
 
 
+# -----------------------------------------------------------------------------
+# Launch configs, autotuned on the GPU, small and fixed under the interpreter
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim (32 uses 64's); the first is POPE_AUTOTUNE=0's and
+# forward-only calls'. Each list: the fastest of sweeps on an H200, timed in place in a forward+backward
+# (results/kernel.md), and runners-up that stayed close at every shape. One config leads at every shape in
+# D=128's forward and in dq; dq is not autotuned (at D=64 the autotuner, timing dq alone with a cold L2,
+# picked one 10% slower).
+_BLOCKS = {
+    "fwd": {64: [(128, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (64, 128, 4, 2),
+                 (128, 128, 8, 3)],
+            128: [(128, 64, 8, 3)]},
+    "dkdv": {64: [(64, 64, 4, 3), (64, 64, 4, 2), (64, 128, 8, 3), (32, 64, 4, 3)],
+             128: [(64, 64, 8, 3), (32, 128, 8, 3)]},
+    "dq": {64: [(64, 64, 4, 3)], 128: [(128, 32, 8, 3)]},
+}
+_DECODE_FWD = (16, 64, 4, 3)  # query chunks of <= 16 rows (a few tokens against a long cache): one config
+_AUTOTUNE = not _INTERPRET and os.environ.get("POPE_AUTOTUNE", "1") != "0"
+_LOG2E = 1.4426950408889634
+
+
+def _autotuned(kernel, kind, **kw):
+    # every head dim's configs, pruned to the launch's head dim's (no attributes of our own on a Config:
+    # with cache_results, which keeps a shape's winner on disk, Triton rebuilds it from its __dict__)
+    configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+               for bm, bn, w, s in sorted({b for D in _BLOCKS[kind] for b in _BLOCKS[kind][D]})]
+
+    def prune(configs, named_args, **kwargs):
+        want = _BLOCKS[kind][max(kwargs["HEAD_DIM"], 64)]
+        return [c for c in configs
+                if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in want]
+
+    return triton.autotune(configs, key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "CAUSAL"], cache_results=True,
+                           prune_configs_by={"early_config_prune": prune}, **kw)(kernel)
+
 @triton.jit
 def _pope_fwd(Q, KC, V, O, LSE, THETA, sqb, sqh, sqt, sqd, svb, svh, svt, svd, sob, soh, sot, sod,
               qk_scale, H, TQ, TK, q_offset, Q_BUCKET, K_BUCKET, HEAD_DIM: tl.constexpr,
@@ -281,6 +248,9 @@ def _pope_fwd(Q, KC, V, O, LSE, THETA, sqb, sqh, sqt, sqd, svb, svh, svt, svd, s
     tl.store(O + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :] * sod,
              _cast(acc, O.dtype.element_ty), mask=rows[:, None])
     tl.store(LSE + bh * TQ + offs_m, m_i + tl.math.log2(l_i), mask=rows)
+
+
+_pope_fwd_tuned = _autotuned(_pope_fwd, "fwd")
 
 
 @triton.jit
@@ -372,6 +342,9 @@ def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, KC, THETA, DELTA, skb, sk
              _cast(dk, DK.dtype.element_ty), mask=cols[:, None])
     dphase = tl.where(cols[:, None], dphase, 0.0)
     tl.store(DDP + (pid_n * tl.num_programs(0) + bh) * HEAD_DIM + offs_d, tl.sum(dphase, 0))
+
+
+_pope_bwd_dkdv_tuned = _autotuned(_pope_bwd_dkdv, "dkdv", reset_to_zero=["DDP"])  # (each trial sums from 0)
 
 
 @triton.jit
@@ -615,45 +588,36 @@ def _backward(ctx, dout, dlse):  # dq, dk, dv, ddelta; theta and the plain argum
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+@torch.library.custom_op("pope_kernel::decode", mutates_args=("k_cache", "v_cache", "counts"))
+def _decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor, pos: torch.Tensor, freq: Optional[torch.Tensor],
+               delta: Optional[torch.Tensor], sm_scale: float, turn: int, splits: int, block_n: int,
+               counts: Optional[torch.Tensor]) -> torch.Tensor:
+    B, H, N, Dk = k_cache.shape
+    D = v_cache.size(-1)
+    with _on_device(k_cache):
+        out = _empty((B, H, 1, D), v_cache)
+        # one chunk: its program writes the output, no partials, no count
+        part = out if splits == 1 else _empty((B * H, splits, D + 2), v_cache, torch.float32)
+        # (the caches stand in for the pointers the kernel does not read)
+        freq, delta = (k_cache if x is None else x for x in (freq, delta))
+        _decode_split_kernel[(splits, B * H)](
+            q, k, v, k_cache, v_cache, pos, part, pos if counts is None else counts, out, freq, delta,
+            q.stride(0), q.stride(1), q.stride(3), k.stride(0), k.stride(1), k.stride(3), v.stride(0),
+            v.stride(1), v.stride(3), *k_cache.stride(), *v_cache.stride(), out.stride(0), out.stride(1),
+            out.stride(3), delta.stride(0), H, N, splits, sm_scale * _LOG2E, KEY_DIM=Dk, HEAD_DIM=D,
+            BLOCK_N=block_n, TURN=turn, FINAL=splits == 1, SPLITS_POW2=triton.next_power_of_2(splits),
+            num_warps=4)
+    return out
+
+
+@_decode_op.register_fake
+def _(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, turn, splits, block_n, counts):
+    return v_cache.new_empty((*k_cache.shape[:2], 1, v_cache.size(-1)))
+
+
 # -----------------------------------------------------------------------------
 # Launch helpers: configs autotuned on the GPU, small and fixed under the interpreter
-
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim (32 uses 64's); the first is POPE_AUTOTUNE=0's and
-# forward-only calls'. Each list: the fastest of sweeps on an H200, timed in place in a forward+backward
-# (results/kernel.md), and runners-up that stayed close at every shape. One config leads at every shape in
-# D=128's forward and in dq; dq is not autotuned (at D=64 the autotuner, timing dq alone with a cold L2,
-# picked one 10% slower).
-_BLOCKS = {
-    "fwd": {64: [(128, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (64, 128, 4, 2),
-                 (128, 128, 8, 3)],
-            128: [(128, 64, 8, 3)]},
-    "dkdv": {64: [(64, 64, 4, 3), (64, 64, 4, 2), (64, 128, 8, 3), (32, 64, 4, 3)],
-             128: [(64, 64, 8, 3), (32, 128, 8, 3)]},
-    "dq": {64: [(64, 64, 4, 3)], 128: [(128, 32, 8, 3)]},
-}
-_DECODE_FWD = (16, 64, 4, 3)  # query chunks of <= 16 rows (a few tokens against a long cache): one config
-_AUTOTUNE = not _INTERPRET and os.environ.get("POPE_AUTOTUNE", "1") != "0"
-_LOG2E = 1.4426950408889634
-
-
-def _autotuned(kernel, kind, **kw):
-    # every head dim's configs, pruned to the launch's head dim's (no attributes of our own on a Config:
-    # with cache_results, which keeps a shape's winner on disk, Triton rebuilds it from its __dict__)
-    configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-               for bm, bn, w, s in sorted({b for D in _BLOCKS[kind] for b in _BLOCKS[kind][D]})]
-
-    def prune(configs, named_args, **kwargs):
-        want = _BLOCKS[kind][max(kwargs["HEAD_DIM"], 64)]
-        return [c for c in configs
-                if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in want]
-
-    return triton.autotune(configs, key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "CAUSAL"], cache_results=True,
-                           prune_configs_by={"early_config_prune": prune}, **kw)(kernel)
-
-
-_pope_fwd_tuned = _autotuned(_pope_fwd, "fwd")
-_pope_bwd_dkdv_tuned = _autotuned(_pope_bwd_dkdv, "dkdv", reset_to_zero=["DDP"])  # (each trial sums from 0)
-
 
 def _launch(kernel, tuned, blocks, grid, args, kwargs):
     """kernel[grid](...) with blocks = (BLOCK_M, BLOCK_N, warps, stages), or where blocks is None and
@@ -743,34 +707,6 @@ def _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
     # a fixed-order reduction (no atomics): bitwise the same every run
     ddelta = ddp[:triton.cdiv(Tk, block_n)].view(-1, H * D).sum(0).view(H, D)
     return dq, dk, dv, ddelta
-
-
-@torch.library.custom_op("pope_kernel::decode", mutates_args=("k_cache", "v_cache", "counts"))
-def _decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-               v_cache: torch.Tensor, pos: torch.Tensor, freq: Optional[torch.Tensor],
-               delta: Optional[torch.Tensor], sm_scale: float, turn: int, splits: int, block_n: int,
-               counts: Optional[torch.Tensor]) -> torch.Tensor:
-    B, H, N, Dk = k_cache.shape
-    D = v_cache.size(-1)
-    with _on_device(k_cache):
-        out = _empty((B, H, 1, D), v_cache)
-        # one chunk: its program writes the output, no partials, no count
-        part = out if splits == 1 else _empty((B * H, splits, D + 2), v_cache, torch.float32)
-        # (the caches stand in for the pointers the kernel does not read)
-        freq, delta = (k_cache if x is None else x for x in (freq, delta))
-        _decode_split_kernel[(splits, B * H)](
-            q, k, v, k_cache, v_cache, pos, part, pos if counts is None else counts, out, freq, delta,
-            q.stride(0), q.stride(1), q.stride(3), k.stride(0), k.stride(1), k.stride(3), v.stride(0),
-            v.stride(1), v.stride(3), *k_cache.stride(), *v_cache.stride(), out.stride(0), out.stride(1),
-            out.stride(3), delta.stride(0), H, N, splits, sm_scale * _LOG2E, KEY_DIM=Dk, HEAD_DIM=D,
-            BLOCK_N=block_n, TURN=turn, FINAL=splits == 1, SPLITS_POW2=triton.next_power_of_2(splits),
-            num_warps=4)
-    return out
-
-
-@_decode_op.register_fake
-def _(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, turn, splits, block_n, counts):
-    return v_cache.new_empty((*k_cache.shape[:2], 1, v_cache.size(-1)))
 
 
 # -----------------------------------------------------------------------------
@@ -897,3 +833,76 @@ def decode_launch(k_cache, block_n=None):
     B, H, N, Dk = k_cache.shape
     block_n = block_n or max(16, _DECODE_TILE // Dk)
     return dict(splits=min(triton.cdiv(N, block_n), triton.cdiv(_DECODE_PROGRAMS, B * H)), block_n=block_n)
+
+
+# -----------------------------------------------------------------------------
+# Interpreter shims (TRITON_INTERPRET=1, the CPU tests): Triton 3.6's interpreter differs from the GPU in
+# a few places; each shim below takes the GPU's path when compiled. TRITON_INTERPRET is read once, as
+# triton.jit reads it when the kernels are decorated: setting it later changes neither.
+_INTERPRETED = tl.constexpr(_INTERPRET)
+
+
+@triton.jit
+def _dot(a, b, acc, DOT_PREC: tl.constexpr):
+    # the interpreter multiplies bf16 tiles as raw uint16 bits: there every dot takes float32 operands (exact
+    # for bf16/fp16 values, as on tensor cores)
+    if _INTERPRETED:
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        acc = tl.dot(a, b, acc, input_precision=DOT_PREC)
+    return acc
+
+
+def _interpreter_int(x):
+    return int(x.handle.data.reshape(-1)[0]) if hasattr(x, "handle") else int(x)
+
+
+if hasattr(triton, "constexpr_function"):  # lets compiled kernels name it
+    _interpreter_int = triton.constexpr_function(_interpreter_int)
+
+
+@triton.jit
+def _loop_bounds(lo, hi):
+    # the interpreter keeps scalars as 1-element arrays, which numpy >= 2.4 no longer takes as a range()
+    # bound, and turns every value assigned to a name back into one: the loops take (lo, hi) from here
+    if _INTERPRETED:
+        bounds = (_interpreter_int(lo), _interpreter_int(hi))
+    else:
+        bounds = (lo, hi)
+    return bounds
+
+
+@triton.jit
+def _cast(x, dtype):
+    # the interpreter truncates float32 -> bf16 (the GPU rounds to nearest even), which doubles bf16 errors in
+    # the CPU tests: round first, with integer ops, so that its truncation is exact
+    if _INTERPRETED:
+        if dtype == tl.bfloat16:
+            b = x.to(tl.float32).to(tl.uint32, bitcast=True)
+            b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+            x = b.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _fma(a, b, c):
+    # the interpreter rounds an fma's product to float32 first (a phase of 8000 would lose ~1e-4 rad): there
+    # in float64, exact as the GPU's fma is for _cos_sin's operands
+    if _INTERPRETED:
+        r = (c.to(tl.float64) + a.to(tl.float64) * b).to(tl.float32)
+    else:
+        r = tl.fma(a, b, c)
+    return r
+
+
+@triton.jit
+def _fast_cos_sin(r):
+    # the GPU's sin.approx/cos.approx for |r| <= pi; the interpreter has only numpy's
+    if _INTERPRETED:
+        c = tl.cos(r)
+        s = tl.sin(r)
+    else:
+        c = libdevice.fast_cosf(r)
+        s = libdevice.fast_sinf(r)
+    return c, s
+
