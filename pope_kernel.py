@@ -947,28 +947,22 @@ def _capability(dev):
     return torch.cuda.get_device_capability(dev)
 
 
-def _check_shapes(q, k, v, delta, q_offset, theta=None):
-    B, H, Tq, D = q.shape if q.dim() == 4 else (None,) * 4
-    if (q.dim() != 4 or k.dim() != 4 or k.shape[:2] != (B, H) or k.size(-1) != D
+def kernel_unsupported_reason(q, k, v, delta, theta=None, q_offset=0):
+    """None if pope_attention takes these inputs, else why not: the kernel's one support check,
+    which pope_attention asks too (model.py asks it to choose its path)."""
+    if (q.dim() != 4 or k.dim() != 4 or k.shape[:2] != q.shape[:2] or k.size(-1) != q.size(-1)
             or v.shape != k.shape):
-        raise ValueError(f"q must be (B, H, Tq, D), k and v (B, H, Tk, D); got q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+        return (f"q must be (B, H, Tq, D), k and v (B, H, Tk, D); got q {tuple(q.shape)}, "
+                f"k {tuple(k.shape)}, v {tuple(v.shape)}; {_SUPPORTED}")
+    B, H, Tq, D = q.shape
+    Tk = k.size(2)
     if delta.shape != (H, D):
-        raise ValueError(f"delta must be (H={H}, D={D}); got {tuple(delta.shape)}")
-    if q_offset < 0 or Tq > k.size(2):
-        raise ValueError(f"need q_offset >= 0 and Tq <= Tk; got q_offset={q_offset}, Tq={Tq}, "
-                         f"Tk={k.size(2)}")
+        return f"delta must be (H={H}, D={D}); got {tuple(delta.shape)}; {_SUPPORTED}"
+    if q_offset < 0 or Tq > Tk:
+        return (f"need q_offset >= 0 and Tq <= Tk; got q_offset={q_offset}, Tq={Tq}, Tk={Tk}; "
+                f"{_SUPPORTED}")
     if theta is not None and theta.shape != (D,):
-        raise ValueError(f"theta must be (D={D},); got {tuple(theta.shape)}")
-
-
-def kernel_unsupported_reason(q, k, v, delta):
-    """None if the kernel can take these inputs, else why not (model.py then runs its PyTorch
-    path)."""
-    try:
-        _check_shapes(q, k, v, delta, 0)
-    except ValueError as e:
-        return f"{e}; {_SUPPORTED}"
+        return f"theta must be (D={D},); got {tuple(theta.shape)}"
     dev = q.device
     devices = ("cuda", "cpu") if _INTERPRET else ("cuda",)
     if {k.device, v.device, delta.device} != {dev} or dev.type not in devices:
@@ -976,8 +970,8 @@ def kernel_unsupported_reason(q, k, v, delta):
     dtypes_ok = k.dtype == v.dtype == q.dtype and delta.dtype.is_floating_point
     if q.dtype not in _DTYPES or not dtypes_ok:
         return f"got q, k, v, delta in {q.dtype}, {k.dtype}, {v.dtype}, {delta.dtype}; {_SUPPORTED}"
-    if q.size(-1) not in (32, 64, 128) or q.numel() == 0 or k.numel() == 0:
-        return f"got q {tuple(q.shape)}, k {tuple(k.shape)} (head dim {q.size(-1)}); {_SUPPORTED}"
+    if D not in (32, 64, 128) or q.numel() == 0 or k.numel() == 0:
+        return f"got q {tuple(q.shape)}, k {tuple(k.shape)} (head dim {D}); {_SUPPORTED}"
     if _capability(dev) < (8, 0):
         return (f"the GPU has compute capability {_capability(dev)}, the kernel needs 8.0+; "
                 f"{_SUPPORTED}")
@@ -989,8 +983,7 @@ def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offse
     with the frequencies theta = model.pope_frequencies(D) given instead of their base (delta and
     theta used as given). Raises PopeKernelUnsupported, a ValueError, for input the kernel does not
     take."""
-    _check_shapes(q, k, v, delta, q_offset, theta)
-    reason = kernel_unsupported_reason(q, k, v, delta)
+    reason = kernel_unsupported_reason(q, k, v, delta, theta, q_offset)
     if reason is not None:
         raise PopeKernelUnsupported(
             f"{reason} (model.py's attn_impl='auto' or 'torch' runs its PyTorch path)")
