@@ -74,12 +74,14 @@ class GPTConfig:
 # delta: a learned (H, D) phase bias per layer, kept in [-2pi, 0]. The score is the dot product of
 # the 2D-long [mu cos(phi), mu sin(phi)]: pope_turn builds them (pope_cos_sin, pope_cartesian) for
 # SDPA, in the forward and on generate()'s cache alike.
-# Porting: pope_kernel.py takes theta and delta from pope_frequencies and pope_delta; the rest is copied in
-# its @triton.jit helpers _softplus (pope_magnitude: called by _cartesian_tile, _cartesian_grad and
-# _decode_turn), _cos_sin (pope_cos_sin), _cartesian_tile and _cartesian_grad (pope_cartesian and its
-# backward, with d mu/dx = sigmoid(x)). A variant: edit here, train with --attn_impl=torch, port it there.
-# The tests' float64 references take mu from pope_magnitude (tests/helpers.py), so till the port only
-# tests/test_kernel.py (on a GPU also tests/test_gpu.py) fails; new phases or scores need new references.
+# Porting: pope_kernel.py takes theta and delta from pope_frequencies and pope_delta; the rest is
+# copied in its @triton.jit helpers: _softplus (pope_magnitude; called by _cartesian_tile,
+# _cartesian_grad and _decode_turn), _cos_sin (pope_cos_sin), _cartesian_tile and _cartesian_grad
+# (pope_cartesian and its backward, d mu/dx = sigmoid(x): phases t*theta for queries, s*theta +
+# delta for keys) and _relative_key (the decoding kernel's phase (s - t)*theta + delta on a cache
+# of magnitudes). A variant: edit here, train with --attn_impl=torch, port it there. The tests'
+# float64 references take mu from pope_magnitude (tests/helpers.py), so till the port only
+# tests/test_kernel.py (on a GPU also tests/test_gpu.py) fails; new phases or scores need new ones.
 
 # mu = softplus(x): a global, so a variant (or a test) can replace it
 pope_magnitude = F.softplus
