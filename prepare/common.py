@@ -28,10 +28,12 @@ class PrepareError(Exception):
 
 
 def log(msg):
+    """msg on stderr, flushed (stdout is a script's output)."""
     print(msg, file=sys.stderr, flush=True)
 
 
 def die(msg):
+    """'error: msg' on stderr; exit 2."""
     print(f"error: {msg}", file=sys.stderr)
     sys.exit(2)
 
@@ -63,7 +65,7 @@ def check_flags(args, rules):
 
 def devices():
     """The devices of this machine: cpu, and cuda, cuda:0 .. cuda:N-1 where it has N GPUs."""
-    import torch  # (here: importing a prepare module stays light)
+    import torch  # (here: a prepare import stays light)
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     names = ["cpu"]
     if n:
@@ -85,6 +87,7 @@ KERNEL_RULE = (lambda v, c: v != "triton" or resolve_device(c["device"]).startsw
 
 
 def require(module, pip_name, purpose):
+    """module, or a PrepareError naming pip_name."""
     try:
         return importlib.import_module(module)
     except ImportError as e:
@@ -93,7 +96,8 @@ def require(module, pip_name, purpose):
 
 
 def progress(iterable=None, **kw):
-    from tqdm import tqdm  # (here: importing a prepare module stays light)
+    """A tqdm bar on stderr, redrawn at most once a second."""
+    from tqdm import tqdm  # (here: a prepare import stays light)
     scale = kw.get("unit", "it") != "it"
     return tqdm(iterable, mininterval=1.0, file=sys.stderr, unit_scale=scale, **kw)
 
@@ -114,17 +118,18 @@ def script_parser(doc, name, **input_kwargs):
 
 
 def gpt2_encoding():
+    """tiktoken's gpt2; offline without its cache, a PrepareError."""
     tiktoken = require("tiktoken", "tiktoken", "GPT-2 tokenization")
     try:
         return tiktoken.get_encoding("gpt2")
-    except Exception as e:  # offline without the cached BPE files
+    except Exception as e:
         raise PrepareError(f"cannot load tiktoken's gpt2 ({type(e).__name__}): "
                            "set TIKTOKEN_CACHE_DIR") from e
 
 
 def codec(meta):
-    """(encode, decode) for meta.json's gpt2 or itos tokenizer; encode: ValueError for what the
-    vocabulary lacks."""
+    """(encode, decode) for meta.json's gpt2 or itos tokenizer; encode: ValueError for
+    what it lacks."""
     if meta.get("tokenizer") == "gpt2":
         enc = gpt2_encoding()
         return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), enc.decode
@@ -231,6 +236,7 @@ def output_file(path):
 
 
 def write_json(path, obj, indent=1, default=None):
+    """obj as JSON at path, whole or not at all (output_file)."""
     with output_file(path) as f:
         f.write(json.dumps(obj, indent=indent, default=default).encode())
 
@@ -307,6 +313,7 @@ def lock_folder(folder, hint, path=None):
 
 
 def unlock_folder(folder, path=None):
+    """Undo lock_folder: delete the lock file, drop the lock."""
     path = str(path or os.path.join(folder, ".lock"))
     if path in _LOCKS:
         Path(path).unlink(missing_ok=True)  # (ours while we hold the lock)
@@ -342,6 +349,7 @@ def split_writers(out_dir, splits, dtype=np.uint16):
 
 
 def write_bin(path, arr, dtype):
+    """arr as dtype ids at path (range-checked); returns the count."""
     w = BinWriter(path, dtype)
     w.write(arr)
     w.f.close()
@@ -354,10 +362,12 @@ def write_meta(stage, meta):
 
 
 def load_meta(out_dir):
+    """out_dir's meta.json, unchecked (see check_dataset)."""
     return json.loads((Path(out_dir) / "meta.json").read_text(encoding="utf-8"))
 
 
 def report(out_dir, counts, extra):
+    """A script's last lines: out_dir, each split's tokens and extra[split]."""
     lines = [f"  {s}: {n:,} tokens ({extra[s]})" for s, n in counts.items()]
     print(f"wrote {out_dir}", *lines, sep="\n")
 
@@ -369,8 +379,8 @@ def _check_target(target):
         return
     foreign = []
     for p in sorted(target.iterdir()):
-        dataset_file = p.is_file() and p.name.removesuffix(".tmp") in DATASET_FILES
-        if p.is_symlink() or not (p.name == DOWNLOADS or dataset_file):
+        in_set = p.is_file() and p.name.removesuffix(".tmp") in DATASET_FILES
+        if p.is_symlink() or not (p.name == DOWNLOADS or in_set):
             foreign.append(p.name)
     if foreign:
         raise PrepareError(f"--out_dir {target} holds files that are not part of a dataset: "
