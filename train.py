@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from configurator import configure
-from model import GPT, CheckpointError, GPTConfig, read_checkpoint
+from model import GPT, CheckpointError, GPTConfig, all_finite, read_checkpoint
 from model import cuda_graph as capture_graph
 from prepare.common import (
     AT_LEAST_1,
@@ -452,7 +452,8 @@ def main(argv):
         model = DDP(model, device_ids=[int(dev.split(":")[1])] if device_type == "cuda" else None,
                     bucket_cap_mb=100, gradient_as_bucket_view=True)
 
-    def train_batch(micro):  # this rank's micro-batch of iteration iter_num's global batch
+    def train_batch(micro):
+        """This rank's micro-batch of iteration iter_num's global batch."""
         starts = data.starts("train", batch_size, make_gen(seed, iter_num, rank * accum + micro))
         return data.get_batch("train", starts, dev, masked=train_mask)
 
@@ -488,7 +489,7 @@ def main(argv):
                     log_record(log, {"iter": iter_num, "eval": res})
             if eval_only:
                 break
-            if not all(torch.isfinite(p).all() for p in raw_model.parameters()):  # never saved
+            if not all(all_finite(p) for p in raw_model.parameters()):  # never saved
                 sys.exit(f"error: the weights are not finite at iteration {iter_num}: it diverged")
             improved = "val" in res and res["val"]["loss"] < best_val_loss
             if improved:

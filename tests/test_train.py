@@ -446,3 +446,15 @@ def test_damaged_and_foreign_checkpoints_are_refused(data_root, tmp_path, damage
         refused(run_here(args(data_root, "--out_dir=o", "--init_from=resume"), tmp_path, False), "ckpt.pt")
         assert (tmp_path / "o" / "ckpt.pt").read_bytes() == (tmp_path / source).read_bytes()
 
+
+
+def test_a_diverged_run_saves_no_checkpoint(data_root, tmp_path):
+    """A learning rate that drives the weights to inf/NaN: the run stops at its eval with exit 1,
+    and no checkpoint holds the broken weights (always_save_checkpoint would write one)."""
+    argv = [TRAIN, f"--data_dir={data_root}", "--dataset=toy", "--out_dir=out", "--max_iters=4",
+            "--eval_interval=2", "--always_save_checkpoint=True"] + TINY
+    argv += ["--learning_rate=1e30", "--min_lr=0", "--grad_clip=0", "--warmup_iters=0"]
+    p = start(argv, tmp_path)
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 1, f"exit {p.returncode}:\n{err[-2000:]}"
+    assert not (tmp_path / "out" / "ckpt.pt").exists()
