@@ -668,9 +668,9 @@ def _decode_split_kernel(
 
 
 # -----------------------------------------------------------------------------
-# Custom ops (torch.library) for the forward, the backward and the decoding step, eager and under
-# torch.compile (one opaque node there: no graph break; the fakes give the shapes). The forward's
-# autograd formula calls the backward op.
+# Custom ops (torch.library) for the forward and the backward, eager and under torch.compile (one
+# opaque node there: no graph break; the fakes give the shapes), and the decoding step's under
+# torch.compile. The forward's autograd formula calls the backward op.
 
 @torch.library.custom_op("pope_kernel::fwd", mutates_args=())
 def _fwd_op(
@@ -1062,8 +1062,13 @@ def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, de
     else:
         freq = inv_freq
         delta = None
-    return _decode_op(q, k, v, k_cache, v_cache, pos, freq, delta, float(sm_scale), qk_mode, splits,
-                      block_n, counts)
+    args = (q, k, v, k_cache, v_cache, pos, freq, delta, float(sm_scale), qk_mode, splits, block_n,
+            counts)
+    if torch.compiler.is_compiling():  # one opaque node for the compiler
+        return _decode_op(*args)
+    # eager and CUDA graphs launch directly: a custom op's first call imports torch._dynamo,
+    # seconds of sample.py's start (results/sample/README.md)
+    return _decode(*args)
 
 
 def decode_launch(k_cache, block_n=None):

@@ -345,6 +345,21 @@ def test_generate_on_the_decoding_kernel_equals_the_pytorch_path(pos_emb, D, mon
     assert torch.equal(out["triton"], out["torch"]), f"seed=42/43 {pos_emb} D={D}: greedy tokens {out}"
 
 
+@pytest.mark.skipif(INTERPRETED, reason="runs its own TRITON_INTERPRET=1 process")
+def test_eager_decoding_on_the_kernel_does_not_import_dynamo():
+    """generate()'s one-token steps on the decoding kernel, in a fresh process: torch._dynamo (seconds
+    to import; a custom op's first call imports it) is not loaded by eager decoding (sample.py)."""
+    code = ("import sys, torch\n"
+            "from model import GPT, GPTConfig\n"
+            "cfg = GPTConfig(n_layer=1, n_head=2, n_embd=64, block_size=16, vocab_size=50, attn_impl='triton')\n"
+            "out = GPT(cfg).eval().generate(torch.zeros(1, 3, dtype=torch.long), 4)\n"
+            "print(out.shape[1], 'torch._dynamo' in sys.modules)\n")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
+    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["7", "False"], run.stdout
+
+
 def tiny_float(pos_emb, attn_impl, D=32):  # float32, weights large enough that greedy tokens need the context
     torch.manual_seed(42)
     return large_weights_(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=2 * D, block_size=24, vocab_size=50,
