@@ -161,8 +161,8 @@ def apply_rope(x, cos, sin):
 # the model
 def use_pope_kernel(attn_impl, q, k, v, delta, *, compiled=None, decoding=False):
     """The one rule, asked once a call (decoding: k, v are a KVCache's): (True, why) for
-    pope_kernel.py, else (False, why). True: the kernel takes it, so pope_attention need not check
-    again, unless 'triton' forced it."""
+    pope_kernel.py, else (False, why). True with 'auto': the kernel takes it (pope_attention need
+    not check again); with 'triton' the kernel checks and refuses."""
     if attn_impl == "torch":
         return False, "attn_impl='torch'"
     if pope_kernel is None and attn_impl == "triton":
@@ -277,7 +277,9 @@ class CausalSelfAttention(nn.Module):
         elif self.pos_emb == "pope":
             delta = pope_delta(self.delta, self.delta_bound)
             if use_pope_kernel(self.attn_impl, q, k, v, delta)[0]:
-                y = pope_kernel.pope_attention(q, k, v, delta, self.theta)
+                # 'auto' asked the kernel's check already; 'triton' lets the kernel refuse
+                checked = self.attn_impl == "auto"
+                y = pope_kernel.pope_attention(q, k, v, delta, self.theta, checked=checked)
             else:
                 y = pope_attention_torch(q, k, v, delta, base=self.pope_base)
         else:

@@ -978,15 +978,17 @@ def kernel_unsupported_reason(q, k, v, delta, theta=None, q_offset=0):
     return None
 
 
-def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offset=0):
+def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offset=0,
+                   checked=False):
     """PoPE attention through the fused Triton kernel: the contract of model.pope_attention_torch,
     with the frequencies theta = model.pope_frequencies(D) given instead of their base (delta and
     theta used as given). Raises PopeKernelUnsupported, a ValueError, for input the kernel does not
-    take."""
-    reason = kernel_unsupported_reason(q, k, v, delta, theta, q_offset)
-    if reason is not None:
-        raise PopeKernelUnsupported(
-            f"{reason} (model.py's attn_impl='auto' or 'torch' runs its PyTorch path)")
+    take, unless checked: the caller had None from kernel_unsupported_reason (model.py's 'auto')."""
+    if not checked:
+        reason = kernel_unsupported_reason(q, k, v, delta, theta, q_offset)
+        if reason is not None:
+            raise PopeKernelUnsupported(
+                f"{reason} (model.py's attn_impl='auto' or 'torch' runs its PyTorch path)")
     # the kernels read delta and theta as contiguous float32 (model.py hands them so: then nothing
     # runs here); the cast is outside the op, so that autograd maps ddelta back
     delta = delta.to(torch.float32).contiguous()

@@ -153,6 +153,31 @@ def test_auto_takes_the_pytorch_path_past_1024_tokens_compiled():
             torch.use_deterministic_algorithms(False)
 
 
+def test_auto_asks_the_kernels_support_check_once_a_layer(monkeypatch):
+    """One forward of two layers: 'auto' asks kernel_unsupported_reason once a layer (use_pope_kernel;
+    pope_attention trusts it), 'triton' twice (the kernel checks again, to refuse); the same logits."""
+    from model import GPT, GPTConfig
+    calls, real = [], pk.kernel_unsupported_reason
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(pk, "kernel_unsupported_reason", counted)
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=128, vocab_size=64, block_size=64)).cuda().eval()
+    x = torch.randint(0, 64, (2, 64), device="cuda")
+    out = {}
+    for impl in ("auto", "triton"):
+        m.config.attn_impl = impl
+        for block in m.transformer.h:
+            block.attn.attn_impl = impl
+        calls.clear()
+        with torch.no_grad():
+            out[impl] = m(x)[0]
+        assert len(calls) == {"auto": 2, "triton": 4}[impl], (impl, len(calls))
+    assert torch.equal(out["auto"], out["triton"])
+
+
 def test_compiled_bf16_gradients_equal_eager():
     """JSB's shape (T = 2047), bf16, evaluated first as train.py does: every parameter's gradient under
     torch.compile within 5% (norm-wise) of eager's. With q, k, v made by a view-permute-unbind, layer 0's had
