@@ -342,25 +342,9 @@ CALL = re.compile(r"^(\w+) (?:n=)?(\w+) rc=0 wall=([\d.]+) s\n(?:decoding: .*\n)
 CALL_HEAD = ["call, s", "first token, s", "imports, s", "checkpoint, s", "graph capture, s"]
 
 def calls(name):
-    """[(series, setting, call s, first token s, imports s, checkpoint s, capture s)] of a printout;
-    the series old and new named by the commits the files name."""
-    old = re.search(r"--- (\w+)'s sample.py", raw(f"{SAMPLE}/sampletime.txt"))[1]
-    new = re.search(r"commit: (\w{7})", raw(f"{SAMPLE}/env-machine.txt"))[1]
-    return [({"old": old, "new": new}.get(c[0], c[0]), *c[1:4], c[4] or "not printed",
-             c[5] or "not printed", c[6]) for c in CALL.findall(raw(f"{SAMPLE}/{name}.txt"))]
-
-def v_sample():
-    by, d = {}, {(c[0], c[1]): c for c in calls("sampledecode")}
-    for c in calls("sampletime"):
-        by.setdefault(c[0], []).append([float(x) for x in c[2:4]])
-    (a, ra), (b, rb) = [(k, [f"{min(x):.1f}–{max(x):.1f} s" for x in zip(*v)])
-                        for k, v in by.items()]
-    decode = "; ".join(f"at {int(n):,} new tokens graph decoding's call took {d['graph', n][2]} s "
-                       f"(capture {d['graph', n][6]} s) against eager's {d['eager', n][2]} s"
-                       for n in sorted({n for _, n in d}, key=int))
-    return (f"A call of {b}'s sample.py took {rb[0]} (first token at {rb[1]}) against {a}'s "
-            f"{ra[0]} ({ra[1]}), over {len(by[b])} and {len(by[a])} calls. {decode[0].upper()}"
-            f"{decode[1:]}.")
+    """[(series, setting, call s, first token s, imports s, checkpoint s, capture s)] of a printout."""
+    return [(*c[:4], c[4] or "not printed", c[5] or "not printed", c[6])
+            for c in CALL.findall(raw(f"{SAMPLE}/{name}.txt"))]
 
 # ---- the claims and their verdicts ----
 
@@ -448,7 +432,7 @@ TABLES.update(
     env_ii=lambda: t_env(II), env_tasks=lambda: t_env("tasks"),
     env_gpu_tests=lambda: t_env("gpu_tests"),
     freq_ii=lambda: t_freq(False), freq_lm=lambda: t_freq(True))
-VERDICTS = {"rule": lambda: RULE, "delta": v_delta, "sample": v_sample,
+VERDICTS = {"rule": lambda: RULE, "delta": v_delta,
             "readme": lambda: "\n".join(f"- {c[0]} ({c[4]}): **{c[3]}**." for c in claims()),
             **{k: functools.partial(v_claims, f"§{i}") for k, i in (
                 ("ii", 1), ("tasks", 2), ("extrapolation", 3), ("lm", 4), ("freq", 8))}}
