@@ -30,14 +30,14 @@ def raw(path):
     return open(p).read()
 
 @functools.cache
-def load(path):
-    """{step: {split: {loss, acc}}}: the periodic evals of a training log or metrics.jsonl."""
-    if path.endswith(".log"):  # "step N: train loss a acc b, val loss x acc y"
-        return {int(i): {k: {"loss": float(x), "acc": float(y)} for k, x, y in
-                         re.findall(r"(\w+) loss ([\d.]+) acc ([\d.]+)", rest)}
-                for i, rest in re.findall(r"^step (\d+): (.*)$", raw(path), re.M)}
-    recs = [json.loads(line) for line in raw(path).splitlines()]
-    return {r["iter"]: r["eval"] for r in recs if "eval" in r and "test" not in r["eval"]}
+def val_acc(run):
+    """{step: val accuracy} of a run's periodic evals, from its log, else its metrics.jsonl."""
+    if os.path.exists(os.path.join(R, f"{run}.log")):  # "step N: ..., val loss x acc y"
+        return {int(i): float(x) for i, x in
+                re.findall(r"^step (\d+): .*val loss [\d.]+ acc ([\d.]+)", raw(f"{run}.log"), re.M)}
+    recs = [json.loads(line) for line in raw(f"{run}/metrics.jsonl").splitlines()]
+    evals = [r for r in recs if "eval" in r and "test" not in r["eval"]]  # not the final test eval
+    return {r["iter"]: r["eval"]["val"]["acc"] for r in evals}
 
 @functools.cache
 def final(path, split, key):  # the loss, or accuracy in %, of a split in an eval.json
@@ -149,10 +149,9 @@ def arm_name(a):
     return ARMS.get(a[0], a[0]) + ("" if a[1] == FULL else f", {a[1] // 1000}k steps")
 
 def lift(run, pct):
-    """(the first eval step above pct% val accuracy or None, the last) from its log or metrics."""
-    log = os.path.join(R, f"{run}.log")
-    ev = load(log if os.path.exists(log) else os.path.join(R, run, "metrics.jsonl"))
-    return next((i for i in sorted(ev) if 100 * ev[i]["val"]["acc"] > pct), None), max(ev)
+    """(the first eval step above pct% val accuracy or None, the last) of a run."""
+    ev = val_acc(run)
+    return next((i for i in sorted(ev) if 100 * ev[i] > pct), None), max(ev)
 
 def step_k(run, pct):
     s, last = lift(run, pct)
