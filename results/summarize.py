@@ -12,7 +12,6 @@ import json
 import os
 import re
 import runpy
-import statistics
 
 import numpy as np
 from scipy import stats
@@ -101,7 +100,7 @@ def mean_std(xs, nd):
     xs = list(xs)
     if len(xs) == 1:
         return f"{xs[0]:,.{nd}f}"
-    return f"{statistics.mean(xs):,.{nd}f} ± {statistics.stdev(xs):,.{nd}f}"
+    return f"{np.mean(xs):,.{nd}f} ± {np.std(xs, ddof=1):,.{nd}f}"
 
 def t_env(folder):
     """Each provenance file results/setup.sh wrote under folder."""
@@ -212,9 +211,9 @@ def t_ii_seeds(target):  # the target arms' (RESULTS §1), or the others'
 def t_ii_paired(target):  # the target arms' comparisons (RESULTS §1), or the others'
     rows = []
     for name, a, pa, b, pb in [c for c in comparisons() if (c[1] in targets()) == target]:
-        r = paired(arm(a, pa), arm(b, pb))
-        means = [f"{statistics.mean(arm(x, p)[k] for k in r['keys']):.2f}%" for x, p in ((a, pa),
-                                                                                          (b, pb))]
+        accs = [arm(a, pa), arm(b, pb)]  # {seed: test accuracy} of A and of B
+        r = paired(*accs)
+        means = [f"{np.mean([acc[k] for k in r['keys']]):.2f}%" for acc in accs]
         rows.append([name, *means, *pair_cells(r, 1, " pt")] + ["{} / {} / {} (p {})".format(
             *first(a, pa, b, pb, pct)) for pct in (SOLVED, 15)])
     return table(["test accuracy, paired by seed: A − B", "A", "B"] + PAIRED
