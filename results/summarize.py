@@ -277,12 +277,12 @@ LM_PAIRS = (("PoPE − RoPE", "PoPE", "RoPE"), ("project − wrap", "PoPE-projec
 
 def t_lm_ppl():
     """Perplexity by length: mean ± std over each group's seeds."""
-    r, groups = json.loads(raw("lm/extrapolation.json")), {g: [] for g in LM_GROUPS}
-    for label, m in r["models"].items():
-        groups.get(re.sub(r"-s\d+", "", label), []).append(m["results"])
-    return table(["group", "seeds"] + [str(x) for x in r["lengths"]], [[g, str(len(ms))] + [
-        mean_std([m[str(x)]["ppl"] for m in ms], 1) for x in r["lengths"]]
-        for g, ms in groups.items() if ms])
+    r = json.loads(raw("lm/extrapolation.json"))
+    groups = {g: [m["results"] for k, m in r["models"].items() if re.sub(r"-s\d+", "", k) == g]
+              for g in LM_GROUPS}
+    rows = [[g, str(len(ms))] + [mean_std([m[str(x)]["ppl"] for m in ms], 1) for x in r["lengths"]]
+            for g, ms in groups.items() if ms]
+    return table(["group", "seeds"] + [str(x) for x in r["lengths"]], rows)
 
 def ppl(label, L):
     return json.loads(raw("lm/extrapolation.json"))["models"][label]["results"][str(L)]["ppl"]
