@@ -53,8 +53,7 @@ def attention(log):
 # ---- statistics (scipy.stats), cells, sentences ----
 
 def paired(a, b):
-    """a − b over the keys both {key: value} share: n, mean, 95% t interval and t-test p (None under
-    MIN_N pairs), exact permutation p (every sign flip), higher / lower / tie and their sign p."""
+    """a − b over shared keys: 95% t interval and p (None under MIN_N), exact and sign tests."""
     keys = [k for k in a if k in b]
     d = np.array([a[k] - b[k] for k in keys], dtype=float)
     w, l = int((d > 0).sum()), int((d < 0).sum())
@@ -69,7 +68,7 @@ def paired(a, b):
     return r
 
 def verdict(r, sign):
-    """The rule's word for a result (n, mean a − b, p) in the paper's direction sign (+1: a > b)."""
+    """The rule's word for r (n, mean a − b, p) in the paper's direction sign (+1: a > b)."""
     if r["n"] < MIN_N:
         return "too few seeds for a test"
     if r["p"] is None or r["p"] >= ALPHA:  # a t-test's: its 95% interval holds zero
@@ -165,7 +164,8 @@ def comparisons():
     out = [(f"PoPE − RoPE, {arm_name(a)}", a, "pope", a, "rope") for a in ii_runs()]
     for a in targets()[1:]:
         b = ("target", FULL) if a[1] == FULL else (a[0], FULL)
-        out += [(f"{PES[p]}: {arm_name(a)} − {arm_name(b)}", a, p, b, p) for p in ("pope", "rope")]
+        out += [(f"{PES[p]}: {arm_name(a)} − {arm_name(b)}", a, p, b, p)
+                for p in ("pope", "rope")]
     return [c for c in out if set(arm(*c[1:3])) & set(arm(*c[3:5]))]
 
 def first(a, pa, b, pb, pct):
@@ -340,7 +340,7 @@ CALL = re.compile(r"^(\w+) (?:n=)?(\w+) rc=0 wall=([\d.]+) s\n(?:decoding: .*\n)
 CALL_HEAD = ["call, s", "first token, s", "imports, s", "checkpoint, s", "graph capture, s"]
 
 def calls(name):
-    """[(series, setting, call s, first token s, imports s, checkpoint s, capture s)] of a printout."""
+    """[(series, setting, and the times CALL_HEAD names)] of one of sample_time.sh's printouts."""
     return [(*c[:4], c[4] or "not printed", c[5] or "not printed", c[6])
             for c in CALL.findall(raw(f"{SAMPLE}/{name}.txt"))]
 
