@@ -39,9 +39,8 @@ def val_acc(run):
     return {r["iter"]: r["eval"]["val"]["acc"] for r in evals}
 
 @functools.cache
-def final(path, split, key):  # the loss, or accuracy in %, of a split in an eval.json
-    x = json.loads(raw(path))[split][key]
-    return 100 * x if key == "acc" else x
+def final(path, split, key):  # a split's loss or accuracy in an eval.json
+    return json.loads(raw(path))[split][key]
 
 def attention(log):
     """The attention path a training log names: kernel, PyTorch path, SDPA, or 'no log'."""
@@ -156,7 +155,7 @@ def step_k(run, pct):
     return f"> {last // 1000}k" if s is None else f"{s // 1000}k"
 
 def arm(a, pe, f=None):  # {seed: f(run), by default its test accuracy} over an arm's runs of one pe
-    f = f or (lambda run: final(os.path.join(R, run, "eval.json"), "test", "acc"))
+    f = f or (lambda run: 100 * final(f"{run}/eval.json", "test", "acc"))
     return {s: f(run) for (s, p), run in ii_runs().get(a, {}).items() if p == pe}
 
 def comparisons():
@@ -233,7 +232,7 @@ def task_nll(task, tag, pe, split="test"):
         if m and m[2]:
             out[int(m[1])] = float(re.search(rf"{split} loss ([\d.]+)", raw(f"tasks/{f}"))[1])
         elif m and os.path.exists(f"{R}/tasks/{f}/eval.json"):
-            out[int(m[1])] = final(f"{R}/tasks/{f}/eval.json", split, "loss")
+            out[int(m[1])] = final(f"tasks/{f}/eval.json", split, "loss")
     return out
 
 def task_paths(task, tag, pe):
