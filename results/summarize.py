@@ -121,12 +121,14 @@ ARMS = {"target": "loss on the target letter, weight decay 0.1",
         "all-shift_token-torch": "every token, shift as one token, PyTorch path",
         "all-wd0clip0": "every token, weight decay 0, no gradient clipping"}
 # an independent, pre-registered replication on the paper's recipe, quoted (not our runs): its
-# INDIRECT_RESULTS.md and INDIRECT_RESULTS_200k.md; test accuracy over 3 seeds, solved of 8 seeds
-REPLICATION = ("PrashRangarajan/mapformer", (34.4, 39.8, 6.6, 2.1), (1, 8), (7, 8))
+# INDIRECT_RESULTS.md and INDIRECT_RESULTS_200k.md; (arm, PoPE solved, RoPE solved, test accuracies)
+REPLICATION = [("PrashRangarajan/mapformer, 100k steps (test acc: 3 seeds)", "1 of 8", "",
+                "34.4 ± 39.8%", "6.6 ± 2.1%"),
+               ("PrashRangarajan/mapformer, 200k steps", "7 of 8", "not run", "", "")]
 FLOORS = {"copy": "copy the source letter at shift 0, else guess another",  # content_floor()
           "valid": "the same, guessing only among letters the shift can reach"}
-PAPER = {"ii": (94.82, 2.91, 11.16, 2.45), "jsb": (0.4889, 0.5081), "maestro": (1.486, 1.501),
-         "genome": (4.152, 4.217), "lm": (21.33, 21.55)}  # PoPE's, RoPE's (ii: mean, std each)
+PAPER = {"ii": ("94.82 ± 2.91%", "11.16 ± 2.45%"), "jsb": (0.4889, 0.5081),  # PoPE's, RoPE's
+         "maestro": (1.486, 1.501), "genome": (4.152, 4.217), "lm": (21.33, 21.55)}
 
 @functools.cache
 def ii_runs():
@@ -186,15 +188,11 @@ def t_ii_endpoints():
         rows.append([arm_name(a)] + ["{} of {}".format(*solved(a, p)) for p in ("pope", "rope")]
                     + [f"{fisher(a):.2g}"] + ["{} of {}".format(*x) for x in lifted]
                     + [mean_std(arm(a, p).values(), 2) + "%" for p in ("pope", "rope")])
-    p, (name, q, (k1, n1), (k2, n2)) = PAPER["ii"], REPLICATION
     floor = runpy.run_path(f"{R}/../prepare/indirect_indexing.py")["content_floor"]()
-    quoted = [("paper (3 seeds)", "", "", f"{p[0]} ± {p[1]}%", f"{p[2]} ± {p[3]}%")]
+    quoted = [("paper (3 seeds)", "", "", *PAPER["ii"])]
     quoted += [(f"floor, no positions: {n}", "", "", *[f"{100 * floor[k]:.2f}%"] * 2)
                for k, n in FLOORS.items()]
-    quoted += [(f"{name}, 100k steps (test acc: 3 seeds)", f"{k1} of {n1}", "",
-                f"{q[0]} ± {q[1]}%", f"{q[2]} ± {q[3]}%"),
-               (f"{name}, 200k steps", f"{k2} of {n2}", "not run", "", "")]
-    rows += [[n, a, b, "", "", "", c, d] for n, a, b, c, d in quoted]
+    rows += [[n, a, b, "", "", "", c, d] for n, a, b, c, d in quoted + REPLICATION]
     return table(["arm", "PoPE solved", "RoPE solved", "Fisher p", "PoPE lifted off",
                   "RoPE lifted off", "PoPE test acc", "RoPE test acc"], rows)
 
@@ -364,7 +362,7 @@ def ii_claim(a):
         if x == a and b != a:  # this arm against target/'s weight decay 0.1 on the same seeds
             rb = paired(arm(a, pe), arm(b, pe))
             more += f"; {name}: {says(rb, 1, ' points')}, exact p {rb['exact_p']:.2g}"
-    paper = "PoPE {} ± {}%, RoPE {} ± {}% (3 seeds)".format(*PAPER["ii"])
+    paper = "PoPE {}, RoPE {} (3 seeds)".format(*PAPER["ii"])
     name = f"Indirect indexing, {arm_name(a)}: PoPE solves the task, RoPE does not"
     return name, paper, ours, word, "§1", ours + more
 
