@@ -183,10 +183,9 @@ def fisher(a):
 def t_ii_endpoints():
     rows = []
     for a in targets():
-        lifted = [(sum(s is not None for s, _ in arm(a, p, lambda run: lift(run, SOLVED)).values()),
-                   len(arm(a, p))) for p in ("pope", "rope")]
+        lifted = [arm(a, p, lambda run: lift(run, SOLVED)[0] is not None) for p in ("pope", "rope")]
         rows.append([arm_name(a)] + ["{} of {}".format(*solved(a, p)) for p in ("pope", "rope")]
-                    + [f"{fisher(a):.2g}"] + ["{} of {}".format(*x) for x in lifted]
+                    + [f"{fisher(a):.2g}"] + [f"{sum(x.values())} of {len(x)}" for x in lifted]
                     + [mean_std(arm(a, p).values(), 2) + "%" for p in ("pope", "rope")])
     floor = runpy.run_path(f"{R}/../prepare/indirect_indexing.py")["content_floor"]()
     quoted = [("paper (3 seeds)", "", "", *PAPER["ii"])]
