@@ -19,8 +19,7 @@ from scipy import stats
 R = os.path.dirname(os.path.abspath(__file__))
 READ = set()  # every file read: tests/test_results_tables.py lists those under results/ never read
 ALPHA, MIN_N, SOLVED = 0.05, 3, 50  # the verdict rule's level, fewest seeds; solved: test acc > 50%
-DOCS = ["../RESULTS.md", "../README.md", "README.md", *(os.path.relpath(p, R) for p in
-                                                        sorted(glob.glob(f"{R}/*/README.md")))]
+DOCS = ["../RESULTS.md", "../README.md", "README.md", *sorted(glob.glob("*/README.md", root_dir=R))]
 
 def raw(path):
     """The text of a raw file (path under results/, or absolute), recorded in READ."""
@@ -102,11 +101,10 @@ def mean_std(xs, nd):
 
 def t_env(folder):
     """Each provenance file results/setup.sh wrote under folder."""
-    rows = []
-    for f in sorted(glob.glob(f"{R}/{folder}/**/*env*.txt", recursive=True)):
-        e = dict(line.split(": ", 1) for line in raw(f).splitlines() if ": " in line)
-        keys = ("commit", "dirty", "date", "gpus", "mps")
-        rows.append([f"`{os.path.relpath(f, R)}`", *map(e.get, keys), f"`{e['command'].strip()}`"])
+    envs = {f: dict(line.split(": ", 1) for line in raw(f).splitlines() if ": " in line)
+            for f in sorted(glob.glob(f"{folder}/**/*env*.txt", root_dir=R, recursive=True))}
+    rows = [[f"`{f}`", *(e.get(k) for k in ("commit", "dirty", "date", "gpus", "mps")),
+             f"`{e['command'].strip()}`"] for f, e in envs.items()]
     return table(["file (results/)", "commit", "dirty", "date", "GPUs", "MPS", "command"], rows)
 
 # ---- indirect indexing: runs results/indirect_indexing/<folder>/seed<S>-<pe>[-<N>steps]/ ----
