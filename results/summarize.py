@@ -132,7 +132,7 @@ PAPER = {"ii": ("94.82 ± 2.91%", "11.16 ± 2.45%"), "jsb": (0.4889, 0.5081),  #
 def ii_runs():
     """{(folder, steps): {(seed, pe): run path under results/}} of the runs with an eval.json."""
     out = {}
-    for path in sorted(glob.glob(f"{R}/{II}/*/seed*/eval.json")):
+    for path in sorted(glob.glob(f"{II}/*/seed*/eval.json", root_dir=R)):
         folder, name = path.split("/")[-3:-1]
         m = RUN.fullmatch(name)
         if m:
@@ -292,14 +292,13 @@ def t_lm_paired():
 
 @functools.cache
 def freq():
-    """{(folder, label): (top-quarter share per layer, share ÷ even share per channel)}; shares as
-    eval_frequencies.py makes them: the weight summed over heads, each layer's row normalised."""
+    """{(folder, label): (top-quarter share per layer, share ÷ even share per channel)}."""
     out = {}
-    for f in sorted(glob.glob(f"{R}/{II}/*/frequencies-*.json")) + [f"{R}/lm/frequencies.json"]:
+    for f in sorted(glob.glob(f"{II}/*/frequencies-*.json", root_dir=R)) + ["lm/frequencies.json"]:
         for label, m in json.loads(raw(f))["models"].items():
             w = np.array(m["weight"])  # (layer, head, channel)
-            share = w.sum(1) / w.sum((1, 2))[:, None]
-            out[os.path.relpath(os.path.dirname(f), R), label] = (
+            share = w.sum(1) / w.sum((1, 2))[:, None]  # eval_frequencies.py's: heads summed
+            out[os.path.dirname(f), label] = (
                 share[:, :max(1, share.shape[1] // 4)].sum(1), share.mean(0) * share.shape[1])
     return out
 
