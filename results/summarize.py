@@ -324,9 +324,8 @@ def t_train_step():
          f"{r['ms'] / by['pope-torch']['ms']:.3f}" if "pope" in p else ""]
         for by in map(steps, STEPS) for p, r in by.items()])
 
-# ---- sample.py's time to a sample: results/sample_time.sh's printouts in results/sample/ ----
+# ---- sample.py's time to a sample: sample_time.sh's printouts, results/sample/time-to-sample/ ----
 
-SAMPLE = "sample/time-to-sample"
 CALL = re.compile(r"^(\w+) (?:n=)?(\w+) rc=0 wall=([\d.]+) s\n(?:decoding: .*\n)?prefill: .* "
                   r"time to first token ([\d.]+) s since start(?: \(imports ([\d.]+) s, "
                   r"checkpoint ([\d.]+) s\))?\ndecode: .* tokens/s \(capture ([\d.]+) s", re.M)
@@ -335,7 +334,7 @@ CALL_HEAD = ["call, s", "first token, s", "imports, s", "checkpoint, s", "graph 
 def calls(name):
     """[(series, setting, and the times CALL_HEAD names)] of one of sample_time.sh's printouts."""
     return [(*c[:4], c[4] or "not printed", c[5] or "not printed", c[6])
-            for c in CALL.findall(raw(f"{SAMPLE}/{name}.txt"))]
+            for c in CALL.findall(raw(f"sample/time-to-sample/{name}.txt"))]
 
 # ---- the claims and their verdicts ----
 
