@@ -377,9 +377,8 @@ def claims():
     r = lm_pair("PoPE", "RoPE", 5120)
     inc = [[ppl(f"RoPE-s{s}", L) - ppl(f"RoPE-s{s}", L - 512) for s in LM_SEEDS]
            for L in (1024, 5120)]
-    shape = "degrades steadily, not a blow-up at this scale"
-    if max(inc[1]) >= min(inc[0]):
-        shape = "blows up"  # its rise per 512 tokens does not shrink
+    shrinks = max(inc[1]) < min(inc[0])  # every rise over the last 512 below every first one
+    shape = "degrades steadily, not a blow-up at this scale" if shrinks else "blows up"
     a, b = (f"{min(x):+.1f} to {max(x):+.1f}" for x in inc)
     ours = f"PoPE − RoPE at 5,120 tokens {says(r, 2)}"
     out.append(("Length extrapolation: at 10× its context PoPE's perplexity is below RoPE's",
