@@ -146,13 +146,12 @@ def arm_name(a):
     return ARMS.get(a[0], a[0]) + ("" if a[1] == FULL else f", {a[1] // 1000}k steps")
 
 def lift(run, pct):
-    """(the first eval step above pct% val accuracy or None, the last) of a run."""
-    ev = val_acc(run)
-    return next((i for i in sorted(ev) if 100 * ev[i] > pct), None), max(ev)
+    """The first eval step above pct% val accuracy of a run, None if it never passes it."""
+    return next((i for i, x in sorted(val_acc(run).items()) if 100 * x > pct), None)
 
-def step_k(run, pct):
-    s, last = lift(run, pct)
-    return f"> {last // 1000}k" if s is None else f"{s // 1000}k"
+def step_k(run, pct):  # "12k", or "> 100k" where the run never passes pct% (its last eval)
+    s = lift(run, pct)
+    return f"> {max(val_acc(run)) // 1000}k" if s is None else f"{s // 1000}k"
 
 def arm(a, pe, f=None):  # {seed: f(run), by default its test accuracy} over an arm's runs of one pe
     f = f or (lambda run: 100 * final(f"{run}/eval.json", "test", "acc"))
@@ -169,7 +168,7 @@ def comparisons():
 
 def first(a, pa, b, pb, pct):
     """Who passes pct% val accuracy first, paired by seed: A first, B first, same, sign p."""
-    r = paired(*(arm(x, p, lambda run: -(lift(run, pct)[0] or 1e9)) for x, p in ((a, pa), (b, pb))))
+    r = paired(*(arm(x, p, lambda run: -(lift(run, pct) or 1e9)) for x, p in ((a, pa), (b, pb))))
     return r["wins"], r["losses"], r["ties"], f"{r['sign_p']:.2g}"
 
 def solved(a, pe):
@@ -181,7 +180,7 @@ def fisher(a):
 def t_ii_endpoints():
     rows = []
     for a in targets():
-        lifted = [arm(a, p, lambda run: lift(run, SOLVED)[0] is not None) for p in ("pope", "rope")]
+        lifted = [arm(a, p, lambda run: lift(run, SOLVED) is not None) for p in ("pope", "rope")]
         rows.append([arm_name(a)] + ["{} of {}".format(*solved(a, p)) for p in ("pope", "rope")]
                     + [f"{fisher(a):.2g}"] + [f"{sum(x.values())} of {len(x)}" for x in lifted]
                     + [mean_std(arm(a, p).values(), 2) + "%" for p in ("pope", "rope")])
