@@ -437,11 +437,10 @@ def fill(text):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--write", action="store_true", help="regenerate the documents' marked blocks")
-    ap.add_argument("--slim", nargs="+", default=[], metavar="JSON", help="frequency JSON files")
+    one = ap.add_mutually_exclusive_group(required=True)
+    one.add_argument("--write", action="store_true", help="regenerate the documents' marked blocks")
+    one.add_argument("--slim", nargs="+", default=[], metavar="JSON", help="frequency JSON files")
     a = ap.parse_args()
-    if not (a.write or a.slim):
-        ap.error("give --write or --slim JSON ...")
     out = [(os.path.join(R, doc), fill(raw(doc))) for doc in DOCS] if a.write else []
     for path in a.slim:
         d = json.loads(raw(os.path.abspath(path)))
