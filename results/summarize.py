@@ -347,7 +347,8 @@ RULE = (f"A claim counts as **reproduced** where its test rejects no difference 
 def ii_claim(a):
     (k1, n1), (k2, n2), fp = solved(a, "pope"), solved(a, "rope"), fisher(a)
     word = verdict(dict(n=min(n1, n2), mean=k1 / n1 - k2 / n2, p=fp), 1)  # of the solve rates
-    r, (w, l, t, sp) = paired(arm(a, "pope"), arm(a, "rope")), first(a, "pope", a, "rope", 15)
+    r = paired(arm(a, "pope"), arm(a, "rope"))
+    w, l, t, sp = first(a, "pope", a, "rope", 15)
     ours = (f"solved by PoPE on {k1} of {n1} seeds, by RoPE on {k2} of {n2} (Fisher p {fp:.2g}); "
             f"test accuracy PoPE − RoPE {says(r, 1, ' points')}, exact p {r['exact_p']:.2g}")
     more = (f"; PoPE passes 15% val accuracy first on {w} of {r['n']} seeds, RoPE on {l}, "
@@ -356,9 +357,8 @@ def ii_claim(a):
         if x == a and b != a:  # this arm against target/'s weight decay 0.1 on the same seeds
             rb = paired(arm(a, pe), arm(b, pe))
             more += f"; {name}: {says(rb, 1, ' points')}, exact p {rb['exact_p']:.2g}"
-    paper = "PoPE {}, RoPE {} (3 seeds)".format(*PAPER["ii"])
-    name = f"Indirect indexing, {arm_name(a)}: PoPE solves the task, RoPE does not"
-    return name, paper, ours, word, "§1", ours + more
+    return (f"Indirect indexing, {arm_name(a)}: PoPE solves the task, RoPE does not",
+            "PoPE {}, RoPE {} (3 seeds)".format(*PAPER["ii"]), ours, word, "§1", ours + more)
 
 @functools.cache
 def claims():
