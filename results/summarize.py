@@ -237,15 +237,14 @@ def task_paths(task, tag, pe):
     return out
 
 def task_rows():
-    """(name, PoPE − RoPE by seed, the paper's gap) per task, then per path of PoPE's training."""
+    """(name, PoPE − RoPE by seed, the paper's gap, [(PoPE's path, its seeds only)]) per task."""
     out = []
     for (task, tag), name in TASKS.items():
         a, b = (task_nll(task, tag, p) for p in ("pope", "rope"))
         paths = task_paths(task, tag, "pope")
-        out.append((name, paired(a, b), PAPER[task][0] - PAPER[task][1]))
-        out += [(f"{name}, PoPE on the {p} (seeds {'/'.join(map(str, ss))})",
-                 paired({s: a[s] for s in ss}, b), None) for p, ss in paths.items()
-                if len(paths) > 1]
+        subs = [(f"PoPE on the {p} (seeds {'/'.join(map(str, ss))})",
+                 paired({s: a[s] for s in ss}, b)) for p, ss in paths.items() if len(paths) > 1]
+        out.append((name, paired(a, b), PAPER[task][0] - PAPER[task][1], subs))
     return out
 
 def t_tasks():
@@ -258,8 +257,10 @@ def t_tasks():
                   "attention in training (seeds)"], rows)
 
 def t_tasks_paired():
-    return table(["test NLL, PoPE − RoPE paired by seed"] + PAIRED,
-                 [[n] + pair_cells(r, 4) for n, r, _ in task_rows()])
+    rows = []
+    for name, r, _, subs in task_rows():
+        rows += [[name] + pair_cells(r, 4)] + [[f"{name}, {n}"] + pair_cells(s, 4) for n, s in subs]
+    return table(["test NLL, PoPE − RoPE paired by seed"] + PAIRED, rows)
 
 # ---- language models: results/lm/extrapolation.json, labels <model>-s<seed>[+YaRN] ----
 
@@ -363,9 +364,8 @@ def ii_claim(a):
 @functools.cache
 def claims():
     """(claim, paper, ours, verdict, where, the section's sentence) per claim."""
-    out, rows = [ii_claim(a) for a in targets()], task_rows()
-    for name, r, gap in [row for row in rows if row[2] is not None]:
-        subs = [(n[len(name) + 2:], s) for n, s, _ in rows if n.startswith(f"{name}, PoPE on")]
+    out = [ii_claim(a) for a in targets()]
+    for name, r, gap, subs in task_rows():
         ours = f"PoPE − RoPE {says(r, 4)}"
         more = "".join(f"; {n}: {says(s, 4)}" for n, s in subs)
         alone = [n for n, s in subs if verdict(s, -1) == "reproduced"]

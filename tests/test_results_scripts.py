@@ -90,10 +90,11 @@ def test_tasks_split_by_the_attention_path_of_popes_training(tmp_path):
     s = summarize(tmp_path)
     s.TASKS = {("jsb", "short"): "JSB"}
     s.PAPER = {**s.PAPER, "jsb": (0.4, 0.5)}
-    rows = {name: r for name, r, _ in s.task_rows()}
-    assert list(rows) == ["JSB", "JSB, PoPE on the kernel (seeds 1/2)", "JSB, PoPE on the PyTorch path (seeds 3)"]
-    assert rows["JSB"]["mean"] == pytest.approx(statistics.mean([-0.03, -0.03, -0.01]))
-    assert rows["JSB, PoPE on the kernel (seeds 1/2)"]["keys"] == [1, 2]
+    [(name, r, _, subs)] = s.task_rows()
+    paths = dict(subs)
+    assert name == "JSB" and list(paths) == ["PoPE on the kernel (seeds 1/2)", "PoPE on the PyTorch path (seeds 3)"]
+    assert r["mean"] == pytest.approx(statistics.mean([-0.03, -0.03, -0.01]))
+    assert paths["PoPE on the kernel (seeds 1/2)"]["keys"] == [1, 2]
 
 
 def test_extrapolation_groups_seeds(tmp_path):
