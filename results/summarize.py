@@ -264,25 +264,26 @@ def t_tasks_paired():
 
 # ---- language models: results/lm/extrapolation.json, labels <model>-s<seed>[+YaRN] ----
 
-LM_SEEDS = (1337, 1338, 1339)
 LM_GROUPS = ["PoPE", "RoPE", "RoPE+YaRN", "PoPE+ft", "RoPE+YaRN-ft", "RoPE+YaRN-ft+YaRN"]
 LM_PAIRS = (("PoPE − RoPE", "PoPE", "RoPE"), ("project − wrap", "PoPE-project", "PoPE"),
             ("clamp − wrap", "PoPE-clamp", "PoPE"))
 
+@functools.cache
+def lm(group):
+    """{seed: {length: perplexity}} of a group's runs: the labels that differ only in the seed."""
+    models = json.loads(raw("lm/extrapolation.json"))["models"]
+    return {int(re.search(r"-s(\d+)", k)[1]): {int(L): x["ppl"] for L, x in m["results"].items()}
+            for k, m in models.items() if re.sub(r"-s\d+", "", k) == group}
+
 def t_lm_ppl():
     """Perplexity by length: mean ± std over each group's seeds."""
-    r = json.loads(raw("lm/extrapolation.json"))
-    groups = {g: [m["results"] for k, m in r["models"].items() if re.sub(r"-s\d+", "", k) == g]
-              for g in LM_GROUPS}
-    rows = [[g, str(len(ms))] + [mean_std([m[str(x)]["ppl"] for m in ms], 1) for x in r["lengths"]]
-            for g, ms in groups.items() if ms]
-    return table(["group", "seeds"] + [str(x) for x in r["lengths"]], rows)
+    lengths = json.loads(raw("lm/extrapolation.json"))["lengths"]
+    rows = [[g, str(len(lm(g)))] + [mean_std([x[L] for x in lm(g).values()], 1) for L in lengths]
+            for g in LM_GROUPS if lm(g)]
+    return table(["group", "seeds"] + [str(L) for L in lengths], rows)
 
-def ppl(label, L):
-    return json.loads(raw("lm/extrapolation.json"))["models"][label]["results"][str(L)]["ppl"]
-
-def lm_pair(a, b, L):
-    return paired(*({s: ppl(f"{m}-s{s}", L) for s in LM_SEEDS} for m in (a, b)))
+def lm_pair(a, b, L):  # a − b in perplexity at L tokens, paired by seed
+    return paired(*({s: x[L] for s, x in lm(m).items()} for m in (a, b)))
 
 def t_lm_paired():
     return table(["perplexity, paired by seed"] + PAIRED, [[f"{n}, at {L:,} tokens"]
@@ -302,12 +303,12 @@ def freq():
                 share[:, :max(1, share.shape[1] // 4)].sum(1), share.mean(0) * share.shape[1])
     return out
 
-def t_freq(lm):
+def t_freq(of_lm):  # the language models' (RESULTS §8), or the indirect-indexing ones'
     return table(["model", "top-quarter share (0.25 = even), mean over layers", "range over layers",
                   "share ÷ even share, min–max over channels", "mean over the top quarter"], [
         [f"{f}/{label}", f"{top.mean():.3f}", f"{top.min():.3f}–{top.max():.3f}",
          f"{even.min():.2f}–{even.max():.2f}", f"{even[:len(even) // 4].mean():.2f}"]
-        for (f, label), (top, even) in freq().items() if (f == "lm") == lm])
+        for (f, label), (top, even) in freq().items() if (f == "lm") == of_lm])
 
 # ---- speed: bench.py train --json files under results/kernel/, one run of each path ----
 
@@ -374,8 +375,7 @@ def claims():
         out.append((f"{name}: PoPE's test NLL is below RoPE's", f"PoPE − RoPE {gap:+.4f} nats",
                     ours, verdict(r, -1), "§2", ours + more))
     r = lm_pair("PoPE", "RoPE", 5120)
-    inc = [[ppl(f"RoPE-s{s}", L) - ppl(f"RoPE-s{s}", L - 512) for s in LM_SEEDS]
-           for L in (1024, 5120)]
+    inc = [[x[L] - x[L - 512] for x in lm("RoPE").values()] for L in (1024, 5120)]
     shrinks = max(inc[1]) < min(inc[0])  # every rise over the last 512 below every first one
     shape = "degrades steadily, not a blow-up at this scale" if shrinks else "blows up"
     a, b = (f"{min(x):+.1f} to {max(x):+.1f}" for x in inc)
@@ -390,8 +390,8 @@ def claims():
                 f"30M models at 512 tokens: PoPE − RoPE {says(r, 2)}", verdict(r, -1), "§4",
                 f"PoPE − RoPE at 512 tokens {says(r, 2)}"))
     rope = {fk: v[0].mean() for fk, v in freq().items() if RUN.fullmatch(fk[1])[2] == "rope"}
-    lm = {k: x for k, x in rope.items() if k[0] == "lm"}
-    r = paired(lm, dict.fromkeys(lm, 0.25))
+    lm_rope = {k: x for k, x in rope.items() if k[0] == "lm"}
+    r = paired(lm_rope, dict.fromkeys(lm_rope, 0.25))
     above = sum(x > 0.25 for x in rope.values())
     ours = (f"the language models' RoPE top-quarter share − 0.25 (even) {says(r, 3)}; above an "
             f"even share in {above} of {len(rope)} RoPE models measured")
