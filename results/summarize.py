@@ -37,10 +37,6 @@ def val_acc(run):
     evals = [r for r in recs if "eval" in r and "test" not in r["eval"]]  # not the final test eval
     return {r["iter"]: r["eval"]["val"]["acc"] for r in evals}
 
-@functools.cache
-def final(path, split, key):  # a split's loss or accuracy in an eval.json
-    return json.loads(raw(path))[split][key]
-
 def attention(log):
     """The attention path a training log names: kernel, PyTorch path, SDPA, or 'no log'."""
     if not os.path.exists(os.path.join(R, log)):
@@ -154,7 +150,7 @@ def step_k(run, pct):  # "12k", or "> 100k" where the run never passes pct% (its
     return f"> {max(val_acc(run)) // 1000}k" if s is None else f"{s // 1000}k"
 
 def arm(a, pe, f=None):  # {seed: f(run), by default its test accuracy} over an arm's runs of one pe
-    f = f or (lambda run: 100 * final(f"{run}/eval.json", "test", "acc"))
+    f = f or (lambda run: 100 * json.loads(raw(f"{run}/eval.json"))["test"]["acc"])
     return {s: f(run) for (s, p), run in ii_runs().get(a, {}).items() if p == pe}
 
 def comparisons():
@@ -226,7 +222,7 @@ def task_nll(task, tag, pe, split="test"):
         if m and m[2]:
             out[int(m[1])] = float(re.search(rf"{split} loss ([\d.]+)", raw(f"tasks/{f}"))[1])
         elif m and os.path.exists(f"{R}/tasks/{f}/eval.json"):
-            out[int(m[1])] = final(f"tasks/{f}/eval.json", split, "loss")
+            out[int(m[1])] = json.loads(raw(f"tasks/{f}/eval.json"))[split]["loss"]
     return out
 
 def task_paths(task, tag, pe):
