@@ -82,8 +82,8 @@ def says(r, nd, unit=""):
     """A paired result in words: the mean, its interval and t-test, the sign counts."""
     n, mean, ci, p, _, _ = pair_cells(r, nd, unit)
     t = "n too small for a t-test" if r["p"] is None else f"95% interval {ci}, t p {p}"
-    w, l, sp = r["wins"], r["losses"], r["sign_p"]
-    return f"{mean} ({t}; higher on {w} of {n}, lower on {l}, sign p {sp:.2g})"
+    signs = f"higher on {r['wins']} of {n}, lower on {r['losses']}, sign p {r['sign_p']:.2g}"
+    return f"{mean} ({t}; {signs})"
 
 def table(head, rows):
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
@@ -105,7 +105,8 @@ def t_env(folder):
 
 # ---- indirect indexing: runs results/indirect_indexing/<folder>/seed<S>-<pe>[-<N>steps]/ ----
 
-II, FULL = "indirect_indexing", 100000  # FULL: the config's steps, of runs without -<N>steps
+II = "indirect_indexing"
+FULL = 100000  # the config's steps: those of a run without -<N>steps
 RUN = re.compile(r"seed(\d+)-(pope|rope|none)(?:-(\d+)steps)?")
 PES = {"pope": "PoPE", "rope": "RoPE", "none": "NoPE"}
 ARMS = {"target": "loss on the target letter, weight decay 0.1",
