@@ -89,11 +89,10 @@ def table(head, rows):
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
-def mean_std(xs, nd):
+def mean_std(xs, nd):  # a single value without the ± (no sample std)
     xs = list(xs)
-    if len(xs) == 1:
-        return f"{xs[0]:,.{nd}f}"
-    return f"{np.mean(xs):,.{nd}f} ± {np.std(xs, ddof=1):,.{nd}f}"
+    std = f" ± {np.std(xs, ddof=1):,.{nd}f}" if len(xs) > 1 else ""
+    return f"{np.mean(xs):,.{nd}f}{std}"
 
 def t_env(folder):
     """Each provenance file results/setup.sh wrote under folder."""
