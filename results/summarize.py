@@ -1,8 +1,7 @@
 """
-RESULTS.md's tables and verdict sentences, made from the raw files under results/ (runs are found in
-their folders). --write regenerates the marked blocks of RESULTS.md, README.md, results/*/README.md:
-<!-- table:NAME --> ... <!-- /table -->, <!-- verdict:NAME --> ... <!-- /verdict -->. --slim F.json
-drops from eval_frequencies.py --json files what the tables recompute (each channel's weight stays).
+The tables and verdict sentences of RESULTS.md, README.md and results/*/README.md, made from the
+raw files under results/ (runs found by folder): --write regenerates their <!-- table:NAME --> and
+<!-- verdict:NAME --> blocks. --slim F.json drops what the tables recompute from frequency JSON.
 """
 
 import argparse
