@@ -309,16 +309,14 @@ def t_freq(of_lm):  # the language models' (RESULTS §8), or the indirect-indexi
 
 STEPS = ("train-1024-b16", "train-1024", "train-4096", "train-16384")
 
-def steps(name):  # {path: row} of a bench.py train --json file
-    return {r["path"]: r for r in json.loads(raw(f"kernel/{name}.json"))["rows"]}
-
 def t_train_step():
+    files = [{r["path"]: r for r in json.loads(raw(f"kernel/{n}.json"))["rows"]} for n in STEPS]
     return table(["batch × context", "path", "ms/step", "tokens/s", "peak GB", "÷ RoPE",
                   "÷ PyTorch path"], [
         [f"{r['batch']} × {r['block_size']}", p, f"{r['ms']:.2f}", f"{r['tok_s']:,.0f}",
          f"{r['peak_alloc_gb']:.1f}", f"{r['ms'] / by['rope']['ms']:.3f}",
          f"{r['ms'] / by['pope-torch']['ms']:.3f}" if "pope" in p else ""]
-        for by in map(steps, STEPS) for p, r in by.items()])
+        for by in files for p, r in by.items()])  # by: {path: row} of a file
 
 # ---- sample.py's time to a sample: sample_time.sh's printouts, results/sample/time-to-sample/ ----
 
