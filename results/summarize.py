@@ -132,7 +132,7 @@ def ii_runs():
         m = RUN.fullmatch(name)
         if m:
             out.setdefault((folder, int(m[3] or FULL)), {})[int(m[1]), m[2]] = os.path.dirname(path)
-    return dict(sorted(out.items(), key=lambda x: (not x[0][0].startswith("target"), x[0])))
+    return dict(sorted(out.items()))
 
 def targets():  # the arms with the loss on the target letter (the paper's objective)
     return [a for a in ii_runs() if a[0].startswith("target")]

@@ -53,7 +53,7 @@ def test_lift_off_from_a_log_or_metrics_and_censored_runs(tmp_path):
 
 
 def test_runs_are_found_by_their_folders(tmp_path):
-    """seed<S>-<pe>[-<N>steps] folders with an eval.json, by folder and steps; target arms first."""
+    """seed<S>-<pe>[-<N>steps] folders with an eval.json, by folder and steps."""
     for run in ("all/seed1-pope", "target-x/seed2-rope-200000steps", "target/seed3-none", "target/notes",
                 "target/seed4-pope"):
         (tmp_path / "indirect_indexing" / run).mkdir(parents=True)
