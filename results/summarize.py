@@ -1,8 +1,7 @@
 """
-RESULTS.md's tables and verdict sentences, made from the raw files under results/ (runs are found in
-their folders). --write regenerates the marked blocks of RESULTS.md, README.md, results/*/README.md:
-<!-- table:NAME --> ... <!-- /table -->, <!-- verdict:NAME --> ... <!-- /verdict -->. --slim F.json
-drops from eval_frequencies.py --json files what the tables recompute (each channel's weight stays).
+The tables and verdict sentences of RESULTS.md, README.md and results/*/README.md, made from the
+raw files under results/ (runs found by folder): --write regenerates their <!-- table:NAME --> and
+<!-- verdict:NAME --> blocks. --slim F.json drops what the tables recompute from frequency JSON.
 """
 
 import argparse
@@ -12,7 +11,6 @@ import json
 import os
 import re
 import runpy
-import statistics
 
 import numpy as np
 from scipy import stats
@@ -20,8 +18,7 @@ from scipy import stats
 R = os.path.dirname(os.path.abspath(__file__))
 READ = set()  # every file read: tests/test_results_tables.py lists those under results/ never read
 ALPHA, MIN_N, SOLVED = 0.05, 3, 50  # the verdict rule's level, fewest seeds; solved: test acc > 50%
-DOCS = ["../RESULTS.md", "../README.md", "README.md", *(os.path.relpath(p, R) for p in
-                                                        sorted(glob.glob(f"{R}/*/README.md")))]
+DOCS = ["../RESULTS.md", "../README.md", "README.md", *sorted(glob.glob("*/README.md", root_dir=R))]
 
 def raw(path):
     """The text of a raw file (path under results/, or absolute), recorded in READ."""
@@ -30,19 +27,14 @@ def raw(path):
     return open(p).read()
 
 @functools.cache
-def load(path):
-    """{step: {split: {loss, acc}}}: the periodic evals of a training log or metrics.jsonl."""
-    if path.endswith(".log"):  # "step N: train loss a acc b, val loss x acc y"
-        return {int(i): {k: {"loss": float(x), "acc": float(y)} for k, x, y in
-                         re.findall(r"(\w+) loss ([\d.]+) acc ([\d.]+)", rest)}
-                for i, rest in re.findall(r"^step (\d+): (.*)$", raw(path), re.M)}
-    recs = [json.loads(line) for line in raw(path).splitlines()]
-    return {r["iter"]: r["eval"] for r in recs if "eval" in r and "test" not in r["eval"]}
-
-@functools.cache
-def final(path, split, key):  # the loss, or accuracy in %, of a split in an eval.json
-    x = json.loads(raw(path))[split][key]
-    return 100 * x if key == "acc" else x
+def val_acc(run):
+    """{step: val accuracy} of a run's periodic evals, from its log, else its metrics.jsonl."""
+    if os.path.exists(os.path.join(R, f"{run}.log")):  # "step N: ..., val loss x acc y"
+        return {int(i): float(x) for i, x in
+                re.findall(r"^step (\d+): .*val loss [\d.]+ acc ([\d.]+)", raw(f"{run}.log"), re.M)}
+    recs = [json.loads(line) for line in raw(f"{run}/metrics.jsonl").splitlines()]
+    evals = [r for r in recs if "eval" in r and "test" not in r["eval"]]  # not the final test eval
+    return {r["iter"]: r["eval"]["val"]["acc"] for r in evals}
 
 def attention(log):
     """The attention path a training log names: kernel, PyTorch path, SDPA, or 'no log'."""
@@ -54,8 +46,7 @@ def attention(log):
 # ---- statistics (scipy.stats), cells, sentences ----
 
 def paired(a, b):
-    """a − b over the keys both {key: value} share: n, mean, 95% t interval and t-test p (None under
-    MIN_N pairs), exact permutation p (every sign flip), higher / lower / tie and their sign p."""
+    """a − b over shared keys: 95% t interval and p (None under MIN_N), exact and sign tests."""
     keys = [k for k in a if k in b]
     d = np.array([a[k] - b[k] for k in keys], dtype=float)
     w, l = int((d > 0).sum()), int((d < 0).sum())
@@ -70,7 +61,7 @@ def paired(a, b):
     return r
 
 def verdict(r, sign):
-    """The rule's word for a result (n, mean a − b, p) in the paper's direction sign (+1: a > b)."""
+    """The rule's word for r (n, mean a − b, p) in the paper's direction sign (+1: a > b)."""
     if r["n"] < MIN_N:
         return "too few seeds for a test"
     if r["p"] is None or r["p"] >= ALPHA:  # a t-test's: its 95% interval holds zero
@@ -90,31 +81,30 @@ def says(r, nd, unit=""):
     """A paired result in words: the mean, its interval and t-test, the sign counts."""
     n, mean, ci, p, _, _ = pair_cells(r, nd, unit)
     t = "n too small for a t-test" if r["p"] is None else f"95% interval {ci}, t p {p}"
-    w, l, sp = r["wins"], r["losses"], r["sign_p"]
-    return f"{mean} ({t}; higher on {w} of {n}, lower on {l}, sign p {sp:.2g})"
+    signs = f"higher on {r['wins']} of {n}, lower on {r['losses']}, sign p {r['sign_p']:.2g}"
+    return f"{mean} ({t}; {signs})"
 
 def table(head, rows):
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
-def mean_std(xs, nd):
+def mean_std(xs, nd):  # a single value without the ± (no sample std)
     xs = list(xs)
-    if len(xs) == 1:
-        return f"{xs[0]:,.{nd}f}"
-    return f"{statistics.mean(xs):,.{nd}f} ± {statistics.stdev(xs):,.{nd}f}"
+    std = f" ± {np.std(xs, ddof=1):,.{nd}f}" if len(xs) > 1 else ""
+    return f"{np.mean(xs):,.{nd}f}{std}"
 
 def t_env(folder):
     """Each provenance file results/setup.sh wrote under folder."""
-    rows = []
-    for f in sorted(glob.glob(f"{R}/{folder}/**/*env*.txt", recursive=True)):
-        e = dict(line.split(": ", 1) for line in raw(f).splitlines() if ": " in line)
-        keys = ("commit", "dirty", "date", "gpus", "mps")
-        rows.append([f"`{os.path.relpath(f, R)}`", *map(e.get, keys), f"`{e['command'].strip()}`"])
+    envs = {f: dict(line.split(": ", 1) for line in raw(f).splitlines() if ": " in line)
+            for f in sorted(glob.glob(f"{folder}/**/*env*.txt", root_dir=R, recursive=True))}
+    rows = [[f"`{f}`", *(e.get(k) for k in ("commit", "dirty", "date", "gpus", "mps")),
+             f"`{e['command'].strip()}`"] for f, e in envs.items()]
     return table(["file (results/)", "commit", "dirty", "date", "GPUs", "MPS", "command"], rows)
 
 # ---- indirect indexing: runs results/indirect_indexing/<folder>/seed<S>-<pe>[-<N>steps]/ ----
 
-II, FULL = "indirect_indexing", 100000  # FULL: the config's steps, of runs without -<N>steps
+II = "indirect_indexing"
+FULL = 100000  # the config's steps: those of a run without -<N>steps
 RUN = re.compile(r"seed(\d+)-(pope|rope|none)(?:-(\d+)steps)?")
 PES = {"pope": "PoPE", "rope": "RoPE", "none": "NoPE"}
 ARMS = {"target": "loss on the target letter, weight decay 0.1",
@@ -124,23 +114,25 @@ ARMS = {"target": "loss on the target letter, weight decay 0.1",
         "all-shift_token-torch": "every token, shift as one token, PyTorch path",
         "all-wd0clip0": "every token, weight decay 0, no gradient clipping"}
 # an independent, pre-registered replication on the paper's recipe, quoted (not our runs): its
-# INDIRECT_RESULTS.md and INDIRECT_RESULTS_200k.md; test accuracy over 3 seeds, solved of 8 seeds
-REPLICATION = ("PrashRangarajan/mapformer", (34.4, 39.8, 6.6, 2.1), (1, 8), (7, 8))
+# INDIRECT_RESULTS.md and INDIRECT_RESULTS_200k.md; (arm, PoPE solved, RoPE solved, test accuracies)
+REPLICATION = [("PrashRangarajan/mapformer, 100k steps (test acc: 3 seeds)", "1 of 8", "",
+                "34.4 ± 39.8%", "6.6 ± 2.1%"),
+               ("PrashRangarajan/mapformer, 200k steps", "7 of 8", "not run", "", "")]
 FLOORS = {"copy": "copy the source letter at shift 0, else guess another",  # content_floor()
           "valid": "the same, guessing only among letters the shift can reach"}
-PAPER = {"ii": (94.82, 2.91, 11.16, 2.45), "jsb": (0.4889, 0.5081), "maestro": (1.486, 1.501),
-         "genome": (4.152, 4.217), "lm": (21.33, 21.55)}  # PoPE's, RoPE's (ii: mean, std each)
+PAPER = {"ii": ("94.82 ± 2.91%", "11.16 ± 2.45%"), "jsb": (0.4889, 0.5081),  # PoPE's, RoPE's
+         "maestro": (1.486, 1.501), "genome": (4.152, 4.217), "lm": (21.33, 21.55)}
 
 @functools.cache
 def ii_runs():
     """{(folder, steps): {(seed, pe): run path under results/}} of the runs with an eval.json."""
     out = {}
-    for path in sorted(glob.glob(f"{R}/{II}/*/seed*/eval.json")):
+    for path in sorted(glob.glob(f"{II}/*/seed*/eval.json", root_dir=R)):
         folder, name = path.split("/")[-3:-1]
         m = RUN.fullmatch(name)
         if m:
             out.setdefault((folder, int(m[3] or FULL)), {})[int(m[1]), m[2]] = os.path.dirname(path)
-    return dict(sorted(out.items(), key=lambda x: (not x[0][0].startswith("target"), x[0])))
+    return dict(sorted(out.items()))
 
 def targets():  # the arms with the loss on the target letter (the paper's objective)
     return [a for a in ii_runs() if a[0].startswith("target")]
@@ -149,17 +141,15 @@ def arm_name(a):
     return ARMS.get(a[0], a[0]) + ("" if a[1] == FULL else f", {a[1] // 1000}k steps")
 
 def lift(run, pct):
-    """(the first eval step above pct% val accuracy or None, the last) from its log or metrics."""
-    log = os.path.join(R, f"{run}.log")
-    ev = load(log if os.path.exists(log) else os.path.join(R, run, "metrics.jsonl"))
-    return next((i for i in sorted(ev) if 100 * ev[i]["val"]["acc"] > pct), None), max(ev)
+    """The first eval step above pct% val accuracy of a run, None if it never passes it."""
+    return next((i for i, x in sorted(val_acc(run).items()) if 100 * x > pct), None)
 
-def step_k(run, pct):
-    s, last = lift(run, pct)
-    return f"> {last // 1000}k" if s is None else f"{s // 1000}k"
+def step_k(run, pct):  # "12k", or "> 100k" where the run never passes pct% (its last eval)
+    s = lift(run, pct)
+    return f"> {max(val_acc(run)) // 1000}k" if s is None else f"{s // 1000}k"
 
 def arm(a, pe, f=None):  # {seed: f(run), by default its test accuracy} over an arm's runs of one pe
-    f = f or (lambda run: final(os.path.join(R, run, "eval.json"), "test", "acc"))
+    f = f or (lambda run: 100 * json.loads(raw(f"{run}/eval.json"))["test"]["acc"])
     return {s: f(run) for (s, p), run in ii_runs().get(a, {}).items() if p == pe}
 
 def comparisons():
@@ -167,12 +157,13 @@ def comparisons():
     out = [(f"PoPE − RoPE, {arm_name(a)}", a, "pope", a, "rope") for a in ii_runs()]
     for a in targets()[1:]:
         b = ("target", FULL) if a[1] == FULL else (a[0], FULL)
-        out += [(f"{PES[p]}: {arm_name(a)} − {arm_name(b)}", a, p, b, p) for p in ("pope", "rope")]
+        out += [(f"{PES[p]}: {arm_name(a)} − {arm_name(b)}", a, p, b, p)
+                for p in ("pope", "rope")]
     return [c for c in out if set(arm(*c[1:3])) & set(arm(*c[3:5]))]
 
 def first(a, pa, b, pb, pct):
     """Who passes pct% val accuracy first, paired by seed: A first, B first, same, sign p."""
-    r = paired(*(arm(x, p, lambda run: -(lift(run, pct)[0] or 1e9)) for x, p in ((a, pa), (b, pb))))
+    r = paired(*(arm(x, p, lambda run: -(lift(run, pct) or 1e9)) for x, p in ((a, pa), (b, pb))))
     return r["wins"], r["losses"], r["ties"], f"{r['sign_p']:.2g}"
 
 def solved(a, pe):
@@ -184,20 +175,15 @@ def fisher(a):
 def t_ii_endpoints():
     rows = []
     for a in targets():
-        lifted = [(sum(s is not None for s, _ in arm(a, p, lambda run: lift(run, SOLVED)).values()),
-                   len(arm(a, p))) for p in ("pope", "rope")]
+        lifted = [arm(a, p, lambda run: lift(run, SOLVED) is not None) for p in ("pope", "rope")]
         rows.append([arm_name(a)] + ["{} of {}".format(*solved(a, p)) for p in ("pope", "rope")]
-                    + [f"{fisher(a):.2g}"] + ["{} of {}".format(*x) for x in lifted]
+                    + [f"{fisher(a):.2g}"] + [f"{sum(x.values())} of {len(x)}" for x in lifted]
                     + [mean_std(arm(a, p).values(), 2) + "%" for p in ("pope", "rope")])
-    p, (name, q, (k1, n1), (k2, n2)) = PAPER["ii"], REPLICATION
     floor = runpy.run_path(f"{R}/../prepare/indirect_indexing.py")["content_floor"]()
-    quoted = [("paper (3 seeds)", "", "", f"{p[0]} ± {p[1]}%", f"{p[2]} ± {p[3]}%")]
+    quoted = [("paper (3 seeds)", "", "", *PAPER["ii"])]
     quoted += [(f"floor, no positions: {n}", "", "", *[f"{100 * floor[k]:.2f}%"] * 2)
                for k, n in FLOORS.items()]
-    quoted += [(f"{name}, 100k steps (test acc: 3 seeds)", f"{k1} of {n1}", "",
-                f"{q[0]} ± {q[1]}%", f"{q[2]} ± {q[3]}%"),
-               (f"{name}, 200k steps", f"{k2} of {n2}", "not run", "", "")]
-    rows += [[n, a, b, "", "", "", c, d] for n, a, b, c, d in quoted]
+    rows += [[n, a, b, "", "", "", c, d] for n, a, b, c, d in quoted + REPLICATION]
     return table(["arm", "PoPE solved", "RoPE solved", "Fisher p", "PoPE lifted off",
                   "RoPE lifted off", "PoPE test acc", "RoPE test acc"], rows)
 
@@ -213,9 +199,9 @@ def t_ii_seeds(target):  # the target arms' (RESULTS §1), or the others'
 def t_ii_paired(target):  # the target arms' comparisons (RESULTS §1), or the others'
     rows = []
     for name, a, pa, b, pb in [c for c in comparisons() if (c[1] in targets()) == target]:
-        r = paired(arm(a, pa), arm(b, pb))
-        means = [f"{statistics.mean(arm(x, p)[k] for k in r['keys']):.2f}%" for x, p in ((a, pa),
-                                                                                          (b, pb))]
+        accs = [arm(a, pa), arm(b, pb)]  # {seed: test accuracy} of A and of B
+        r = paired(*accs)
+        means = [f"{np.mean([acc[k] for k in r['keys']]):.2f}%" for acc in accs]
         rows.append([name, *means, *pair_cells(r, 1, " pt")] + ["{} / {} / {} (p {})".format(
             *first(a, pa, b, pb, pct)) for pct in (SOLVED, 15)])
     return table(["test accuracy, paired by seed: A − B", "A", "B"] + PAIRED
@@ -235,7 +221,7 @@ def task_nll(task, tag, pe, split="test"):
         if m and m[2]:
             out[int(m[1])] = float(re.search(rf"{split} loss ([\d.]+)", raw(f"tasks/{f}"))[1])
         elif m and os.path.exists(f"{R}/tasks/{f}/eval.json"):
-            out[int(m[1])] = final(f"{R}/tasks/{f}/eval.json", split, "loss")
+            out[int(m[1])] = json.loads(raw(f"tasks/{f}/eval.json"))[split]["loss"]
     return out
 
 def task_paths(task, tag, pe):
@@ -246,15 +232,14 @@ def task_paths(task, tag, pe):
     return out
 
 def task_rows():
-    """(name, PoPE − RoPE by seed, the paper's gap) per task, then per path of PoPE's training."""
+    """(name, PoPE − RoPE by seed, the paper's gap, [(PoPE's path, its seeds only)]) per task."""
     out = []
     for (task, tag), name in TASKS.items():
         a, b = (task_nll(task, tag, p) for p in ("pope", "rope"))
         paths = task_paths(task, tag, "pope")
-        out.append((name, paired(a, b), PAPER[task][0] - PAPER[task][1]))
-        out += [(f"{name}, PoPE on the {p} (seeds {'/'.join(map(str, ss))})",
-                 paired({s: a[s] for s in ss}, b), None) for p, ss in paths.items()
-                if len(paths) > 1]
+        subs = [(f"PoPE on the {p} (seeds {'/'.join(map(str, ss))})",
+                 paired({s: a[s] for s in ss}, b)) for p, ss in paths.items() if len(paths) > 1]
+        out.append((name, paired(a, b), PAPER[task][0] - PAPER[task][1], subs))
     return out
 
 def t_tasks():
@@ -267,30 +252,33 @@ def t_tasks():
                   "attention in training (seeds)"], rows)
 
 def t_tasks_paired():
-    return table(["test NLL, PoPE − RoPE paired by seed"] + PAIRED,
-                 [[n] + pair_cells(r, 4) for n, r, _ in task_rows()])
+    rows = []
+    for name, r, _, subs in task_rows():
+        rows += [[name] + pair_cells(r, 4)] + [[f"{name}, {n}"] + pair_cells(s, 4) for n, s in subs]
+    return table(["test NLL, PoPE − RoPE paired by seed"] + PAIRED, rows)
 
 # ---- language models: results/lm/extrapolation.json, labels <model>-s<seed>[+YaRN] ----
 
-LM_SEEDS = (1337, 1338, 1339)
 LM_GROUPS = ["PoPE", "RoPE", "RoPE+YaRN", "PoPE+ft", "RoPE+YaRN-ft", "RoPE+YaRN-ft+YaRN"]
 LM_PAIRS = (("PoPE − RoPE", "PoPE", "RoPE"), ("project − wrap", "PoPE-project", "PoPE"),
             ("clamp − wrap", "PoPE-clamp", "PoPE"))
 
+@functools.cache
+def lm(group):
+    """{seed: {length: perplexity}} of a group's runs: the labels that differ only in the seed."""
+    models = json.loads(raw("lm/extrapolation.json"))["models"]
+    return {int(re.search(r"-s(\d+)", k)[1]): {int(L): x["ppl"] for L, x in m["results"].items()}
+            for k, m in models.items() if re.sub(r"-s\d+", "", k) == group}
+
 def t_lm_ppl():
     """Perplexity by length: mean ± std over each group's seeds."""
-    r, groups = json.loads(raw("lm/extrapolation.json")), {g: [] for g in LM_GROUPS}
-    for label, m in r["models"].items():
-        groups.get(re.sub(r"-s\d+", "", label), []).append(m["results"])
-    return table(["group", "seeds"] + [str(x) for x in r["lengths"]], [[g, str(len(ms))] + [
-        mean_std([m[str(x)]["ppl"] for m in ms], 1) for x in r["lengths"]]
-        for g, ms in groups.items() if ms])
+    lengths = json.loads(raw("lm/extrapolation.json"))["lengths"]
+    rows = [[g, str(len(lm(g)))] + [mean_std([x[L] for x in lm(g).values()], 1) for L in lengths]
+            for g in LM_GROUPS if lm(g)]
+    return table(["group", "seeds"] + [str(L) for L in lengths], rows)
 
-def ppl(label, L):
-    return json.loads(raw("lm/extrapolation.json"))["models"][label]["results"][str(L)]["ppl"]
-
-def lm_pair(a, b, L):
-    return paired(*({s: ppl(f"{m}-s{s}", L) for s in LM_SEEDS} for m in (a, b)))
+def lm_pair(a, b, L):  # a − b in perplexity at L tokens, paired by seed
+    return paired(*({s: x[L] for s, x in lm(m).items()} for m in (a, b)))
 
 def t_lm_paired():
     return table(["perplexity, paired by seed"] + PAIRED, [[f"{n}, at {L:,} tokens"]
@@ -300,67 +288,47 @@ def t_lm_paired():
 
 @functools.cache
 def freq():
-    """{(folder, label): (top-quarter share per layer, share ÷ even share per channel)}; shares as
-    eval_frequencies.py makes them: the weight summed over heads, each layer's row normalised."""
+    """{(folder, label): (top-quarter share per layer, share ÷ even share per channel)}."""
     out = {}
-    for f in sorted(glob.glob(f"{R}/{II}/*/frequencies-*.json")) + [f"{R}/lm/frequencies.json"]:
+    for f in sorted(glob.glob(f"{II}/*/frequencies-*.json", root_dir=R)) + ["lm/frequencies.json"]:
         for label, m in json.loads(raw(f))["models"].items():
             w = np.array(m["weight"])  # (layer, head, channel)
-            share = w.sum(1) / w.sum((1, 2))[:, None]
-            out[os.path.relpath(os.path.dirname(f), R), label] = (
+            share = w.sum(1) / w.sum((1, 2))[:, None]  # eval_frequencies.py's: heads summed
+            out[os.path.dirname(f), label] = (
                 share[:, :max(1, share.shape[1] // 4)].sum(1), share.mean(0) * share.shape[1])
     return out
 
-def t_freq(lm):
+def t_freq(of_lm):  # the language models' (RESULTS §8), or the indirect-indexing ones'
     return table(["model", "top-quarter share (0.25 = even), mean over layers", "range over layers",
                   "share ÷ even share, min–max over channels", "mean over the top quarter"], [
         [f"{f}/{label}", f"{top.mean():.3f}", f"{top.min():.3f}–{top.max():.3f}",
          f"{even.min():.2f}–{even.max():.2f}", f"{even[:len(even) // 4].mean():.2f}"]
-        for (f, label), (top, even) in freq().items() if (f == "lm") == lm])
+        for (f, label), (top, even) in freq().items() if (f == "lm") == of_lm])
 
 # ---- speed: bench.py train --json files under results/kernel/, one run of each path ----
 
 STEPS = ("train-1024-b16", "train-1024", "train-4096", "train-16384")
 
-def steps(name):  # {path: row} of a bench.py train --json file
-    return {r["path"]: r for r in json.loads(raw(f"kernel/{name}.json"))["rows"]}
-
 def t_train_step():
+    files = [{r["path"]: r for r in json.loads(raw(f"kernel/{n}.json"))["rows"]} for n in STEPS]
     return table(["batch × context", "path", "ms/step", "tokens/s", "peak GB", "÷ RoPE",
                   "÷ PyTorch path"], [
         [f"{r['batch']} × {r['block_size']}", p, f"{r['ms']:.2f}", f"{r['tok_s']:,.0f}",
          f"{r['peak_alloc_gb']:.1f}", f"{r['ms'] / by['rope']['ms']:.3f}",
          f"{r['ms'] / by['pope-torch']['ms']:.3f}" if "pope" in p else ""]
-        for by in map(steps, STEPS) for p, r in by.items()])
+        for by in files for p, r in by.items()])  # by: {path: row} of a file
 
-# ---- sample.py's time to a sample: results/sample_time.sh's printouts in results/sample/ ----
+# ---- sample.py's time to a sample: sample_time.sh's printouts, results/sample/time-to-sample/ ----
 
-SAMPLE = "sample/time-to-sample"
 CALL = re.compile(r"^(\w+) (?:n=)?(\w+) rc=0 wall=([\d.]+) s\n(?:decoding: .*\n)?prefill: .* "
                   r"time to first token ([\d.]+) s since start(?: \(imports ([\d.]+) s, "
                   r"checkpoint ([\d.]+) s\))?\ndecode: .* tokens/s \(capture ([\d.]+) s", re.M)
 CALL_HEAD = ["call, s", "first token, s", "imports, s", "checkpoint, s", "graph capture, s"]
 
 def calls(name):
-    """[(series, setting, call s, first token s, imports s, checkpoint s, capture s)] of a printout;
-    the series old and new named by the commits the files name."""
-    old = re.search(r"--- (\w+)'s sample.py", raw(f"{SAMPLE}/sampletime.txt"))[1]
-    new = re.search(r"commit: (\w{7})", raw(f"{SAMPLE}/env-machine.txt"))[1]
-    return [({"old": old, "new": new}.get(c[0], c[0]), *c[1:4], c[4] or "not printed",
-             c[5] or "not printed", c[6]) for c in CALL.findall(raw(f"{SAMPLE}/{name}.txt"))]
-
-def v_sample():
-    by, d = {}, {(c[0], c[1]): c for c in calls("sampledecode")}
-    for c in calls("sampletime"):
-        by.setdefault(c[0], []).append([float(x) for x in c[2:4]])
-    (a, ra), (b, rb) = [(k, [f"{min(x):.1f}–{max(x):.1f} s" for x in zip(*v)])
-                        for k, v in by.items()]
-    decode = "; ".join(f"at {int(n):,} new tokens graph decoding's call took {d['graph', n][2]} s "
-                       f"(capture {d['graph', n][6]} s) against eager's {d['eager', n][2]} s"
-                       for n in sorted({n for _, n in d}, key=int))
-    return (f"A call of {b}'s sample.py took {rb[0]} (first token at {rb[1]}) against {a}'s "
-            f"{ra[0]} ({ra[1]}), over {len(by[b])} and {len(by[a])} calls. {decode[0].upper()}"
-            f"{decode[1:]}.")
+    """[(series, setting, and the times CALL_HEAD names)] of one of sample_time.sh's printouts."""
+    return [(*c[:4], c[4] or "not printed", c[5] or "not printed", c[6])
+            for c in CALL.findall(raw(f"sample/time-to-sample/{name}.txt"))]
 
 # ---- the claims and their verdicts ----
 
@@ -374,7 +342,8 @@ RULE = (f"A claim counts as **reproduced** where its test rejects no difference 
 def ii_claim(a):
     (k1, n1), (k2, n2), fp = solved(a, "pope"), solved(a, "rope"), fisher(a)
     word = verdict(dict(n=min(n1, n2), mean=k1 / n1 - k2 / n2, p=fp), 1)  # of the solve rates
-    r, (w, l, t, sp) = paired(arm(a, "pope"), arm(a, "rope")), first(a, "pope", a, "rope", 15)
+    r = paired(arm(a, "pope"), arm(a, "rope"))
+    w, l, t, sp = first(a, "pope", a, "rope", 15)
     ours = (f"solved by PoPE on {k1} of {n1} seeds, by RoPE on {k2} of {n2} (Fisher p {fp:.2g}); "
             f"test accuracy PoPE − RoPE {says(r, 1, ' points')}, exact p {r['exact_p']:.2g}")
     more = (f"; PoPE passes 15% val accuracy first on {w} of {r['n']} seeds, RoPE on {l}, "
@@ -383,16 +352,14 @@ def ii_claim(a):
         if x == a and b != a:  # this arm against target/'s weight decay 0.1 on the same seeds
             rb = paired(arm(a, pe), arm(b, pe))
             more += f"; {name}: {says(rb, 1, ' points')}, exact p {rb['exact_p']:.2g}"
-    paper = "PoPE {} ± {}%, RoPE {} ± {}% (3 seeds)".format(*PAPER["ii"])
-    name = f"Indirect indexing, {arm_name(a)}: PoPE solves the task, RoPE does not"
-    return name, paper, ours, word, "§1", ours + more
+    return (f"Indirect indexing, {arm_name(a)}: PoPE solves the task, RoPE does not",
+            "PoPE {}, RoPE {} (3 seeds)".format(*PAPER["ii"]), ours, word, "§1", ours + more)
 
 @functools.cache
 def claims():
     """(claim, paper, ours, verdict, where, the section's sentence) per claim."""
-    out, rows = [ii_claim(a) for a in targets()], task_rows()
-    for name, r, gap in [row for row in rows if row[2] is not None]:
-        subs = [(n[len(name) + 2:], s) for n, s, _ in rows if n.startswith(f"{name}, PoPE on")]
+    out = [ii_claim(a) for a in targets()]
+    for name, r, gap, subs in task_rows():
         ours = f"PoPE − RoPE {says(r, 4)}"
         more = "".join(f"; {n}: {says(s, 4)}" for n, s in subs)
         alone = [n for n, s in subs if verdict(s, -1) == "reproduced"]
@@ -401,11 +368,9 @@ def claims():
         out.append((f"{name}: PoPE's test NLL is below RoPE's", f"PoPE − RoPE {gap:+.4f} nats",
                     ours, verdict(r, -1), "§2", ours + more))
     r = lm_pair("PoPE", "RoPE", 5120)
-    inc = [[ppl(f"RoPE-s{s}", L) - ppl(f"RoPE-s{s}", L - 512) for s in LM_SEEDS]
-           for L in (1024, 5120)]
-    shape = "degrades steadily, not a blow-up at this scale"
-    if max(inc[1]) >= min(inc[0]):
-        shape = "blows up"  # its rise per 512 tokens does not shrink
+    inc = [[x[L] - x[L - 512] for x in lm("RoPE").values()] for L in (1024, 5120)]
+    shrinks = max(inc[1]) < min(inc[0])  # every rise over the last 512 below every first one
+    shape = "degrades steadily, not a blow-up at this scale" if shrinks else "blows up"
     a, b = (f"{min(x):+.1f} to {max(x):+.1f}" for x in inc)
     ours = f"PoPE − RoPE at 5,120 tokens {says(r, 2)}"
     out.append(("Length extrapolation: at 10× its context PoPE's perplexity is below RoPE's",
@@ -418,8 +383,8 @@ def claims():
                 f"30M models at 512 tokens: PoPE − RoPE {says(r, 2)}", verdict(r, -1), "§4",
                 f"PoPE − RoPE at 512 tokens {says(r, 2)}"))
     rope = {fk: v[0].mean() for fk, v in freq().items() if RUN.fullmatch(fk[1])[2] == "rope"}
-    lm = {k: x for k, x in rope.items() if k[0] == "lm"}
-    r = paired(lm, dict.fromkeys(lm, 0.25))
+    lm_rope = {k: x for k, x in rope.items() if k[0] == "lm"}
+    r = paired(lm_rope, dict.fromkeys(lm_rope, 0.25))
     above = sum(x > 0.25 for x in rope.values())
     ours = (f"the language models' RoPE top-quarter share − 0.25 (even) {says(r, 3)}; above an "
             f"even share in {above} of {len(rope)} RoPE models measured")
@@ -448,7 +413,7 @@ TABLES.update(
     env_ii=lambda: t_env(II), env_tasks=lambda: t_env("tasks"),
     env_gpu_tests=lambda: t_env("gpu_tests"),
     freq_ii=lambda: t_freq(False), freq_lm=lambda: t_freq(True))
-VERDICTS = {"rule": lambda: RULE, "delta": v_delta, "sample": v_sample,
+VERDICTS = {"rule": lambda: RULE, "delta": v_delta,
             "readme": lambda: "\n".join(f"- {c[0]} ({c[4]}): **{c[3]}**." for c in claims()),
             **{k: functools.partial(v_claims, f"§{i}") for k, i in (
                 ("ii", 1), ("tasks", 2), ("extrapolation", 3), ("lm", 4), ("freq", 8))}}
@@ -465,11 +430,10 @@ def fill(text):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--write", action="store_true", help="regenerate the documents' marked blocks")
-    ap.add_argument("--slim", nargs="+", default=[], metavar="JSON", help="frequency JSON files")
+    one = ap.add_mutually_exclusive_group(required=True)
+    one.add_argument("--write", action="store_true", help="regenerate the documents' marked blocks")
+    one.add_argument("--slim", nargs="+", default=[], metavar="JSON", help="frequency JSON files")
     a = ap.parse_args()
-    if not (a.write or a.slim):
-        ap.error("give --write or --slim JSON ...")
     out = [(os.path.join(R, doc), fill(raw(doc))) for doc in DOCS] if a.write else []
     for path in a.slim:
         d = json.loads(raw(os.path.abspath(path)))

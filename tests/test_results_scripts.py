@@ -45,13 +45,15 @@ def test_lift_off_from_a_log_or_metrics_and_censored_runs(tmp_path):
         for i, a in accs.items()))
     s = summarize(tmp_path)
     runs = s.ii_runs()[("target", s.FULL)]
-    assert [s.lift(runs[7, "pope"], p) for p in (15, 50, 95)] == [(4000, 10000), (8000, 10000), (None, 10000)]
+    # 85%: passed only by the final whole-split eval (0.9), which is not a periodic one
+    assert [s.lift(runs[7, "pope"], p) for p in (15, 50, 85)] == [4000, 8000, None]
     assert [s.step_k(runs[7, "rope"], p) for p in (5, 15, 50)] == ["2k", "6k", "> 10k"]
+    assert s.step_k(runs[7, "pope"], 85) == "> 10k"  # censored at the last periodic eval
     assert s.first(("target", s.FULL), "pope", ("target", s.FULL), "rope", 15)[:3] == (1, 0, 0)
 
 
 def test_runs_are_found_by_their_folders(tmp_path):
-    """seed<S>-<pe>[-<N>steps] folders with an eval.json, by folder and steps; target arms first."""
+    """seed<S>-<pe>[-<N>steps] folders with an eval.json, by folder and steps."""
     for run in ("all/seed1-pope", "target-x/seed2-rope-200000steps", "target/seed3-none", "target/notes",
                 "target/seed4-pope"):
         (tmp_path / "indirect_indexing" / run).mkdir(parents=True)
@@ -88,10 +90,11 @@ def test_tasks_split_by_the_attention_path_of_popes_training(tmp_path):
     s = summarize(tmp_path)
     s.TASKS = {("jsb", "short"): "JSB"}
     s.PAPER = {**s.PAPER, "jsb": (0.4, 0.5)}
-    rows = {name: r for name, r, _ in s.task_rows()}
-    assert list(rows) == ["JSB", "JSB, PoPE on the kernel (seeds 1/2)", "JSB, PoPE on the PyTorch path (seeds 3)"]
-    assert rows["JSB"]["mean"] == pytest.approx(statistics.mean([-0.03, -0.03, -0.01]))
-    assert rows["JSB, PoPE on the kernel (seeds 1/2)"]["keys"] == [1, 2]
+    [(name, r, _, subs)] = s.task_rows()
+    paths = dict(subs)
+    assert name == "JSB" and list(paths) == ["PoPE on the kernel (seeds 1/2)", "PoPE on the PyTorch path (seeds 3)"]
+    assert r["mean"] == pytest.approx(statistics.mean([-0.03, -0.03, -0.01]))
+    assert paths["PoPE on the kernel (seeds 1/2)"]["keys"] == [1, 2]
 
 
 def test_extrapolation_groups_seeds(tmp_path):
