@@ -26,16 +26,17 @@ PY
 export TRITON_CACHE_DIR=/tmp/triton-$name TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-$name
 export PYTHONPYCACHEPREFIX=/tmp/pycache-$name
 rm -rf $TRITON_CACHE_DIR $TORCHINDUCTOR_CACHE_DIR $PYTHONPYCACHEPREFIX
+err=$(mktemp)  # each call's stderr, whose last three lines the printout keeps
 timed() {  # $1: the printout's label; the rest: sample.py's arguments
     local label=$1
     shift
     local start=$(date +%s.%N)
     (cd $code && python sample.py --ckpt=$ckpt --start="The meaning of life" --num_samples=3 \
-        "$@" ${DEVARG:-} > /dev/null 2> /tmp/sample_time.err)
+        "$@" ${DEVARG:-} > /dev/null 2> $err)
     local rc=$?
     local end=$(date +%s.%N)
     echo "$label rc=$rc wall=$(python -c "print(round($end - $start, 2))") s"
-    tail -3 /tmp/sample_time.err
+    tail -3 $err
 }
 for run in cold warm warm2; do
     timed "$name $run" --max_new_tokens=500
