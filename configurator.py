@@ -1,28 +1,28 @@
 """
-train.py's configurator, as nanoGPT's: the defaults are train.py's globals; this
-applies, in argv's order, config files (plain Python assignments) and --key=value
-overrides (Python literals; a bare word is a string) to them:
-
-    cfg, given = configure(sys.argv[1:], defaults, __doc__)  # given: the keys set
-
-A value takes its default's type (an int where a float is wanted is fine); an
-unknown key is an error that names the nearest keys; --help lists every key.
+train.py's configurator, as nanoGPT's: config files (plain Python assignments) and --key=value
+overrides (Python literals; a bare word is a string) applied in argv's order to the defaults.
 """
 
 import ast
 import difflib
 import os
 import sys
+import traceback
+
+from prepare.common import utf8
 
 
 def configure(argv, defaults, doc=""):
-    cfg, given = dict(defaults), set()
+    """(cfg, the keys argv set). A value takes its default's type (an int for a float is fine);
+    an unknown key is an error naming the nearest; --help prints doc and every key."""
+    cfg = dict(defaults)
+    given = set()
 
     def set_key(key, val, where):
         if key not in defaults:
             near = difflib.get_close_matches(key, defaults, n=3)
-            sys.exit(f"error: unknown config key '{key}' ({where})"
-                     + (f"; did you mean {' or '.join(near)}?" if near else "; --help lists the keys"))
+            fix = f"did you mean {' or '.join(near)}?" if near else "--help lists the keys"
+            sys.exit(f"error: unknown config key '{key}' ({where}); {fix}")
         want = type(defaults[key])
         if want is float and type(val) is int:
             val = float(val)
@@ -51,8 +51,15 @@ def configure(argv, defaults, doc=""):
             if not os.path.isfile(arg):
                 sys.exit(f"error: config file {arg} not found (configs live in config/)")
             scope = {}
-            with open(arg) as f:
-                exec(compile(f.read(), arg, "exec"), {}, scope)
+            with open(arg, "rb") as f:
+                text = utf8(f.read(), arg)
+            try:
+                exec(compile(text, arg, "exec"), {}, scope)
+            except Exception as e:  # a syntax error, or one the file raises: one line, where it is
+                tb = traceback.extract_tb(e.__traceback__)
+                lines = [t.lineno for t in tb if t.filename == arg]
+                line = lines[-1] if lines else getattr(e, "lineno", "?")
+                sys.exit(f"error: config file {arg}, line {line}: {type(e).__name__}: {e}; fix it")
             for k, v in scope.items():
                 if not k.startswith("_") and not callable(v) and type(v).__name__ != "module":
                     set_key(k, v, arg)

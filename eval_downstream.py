@@ -37,7 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from model import CheckpointError, load_checkpoint, read_checkpoint
-from prepare.common import PrepareError, check_outputs, codec, die, write_json
+from prepare.common import (AT_LEAST_1, DEVICE_RULE, PrepareError, check_flags, check_outputs,
+                            codec, die, resolve_device, run_main, write_json)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIG_DIR = os.path.join(ROOT, "config", "lm_eval")
@@ -52,6 +53,7 @@ TASKS = {
     "arc_easy": ("ARC-E", "arc_easy", "arc", "acc_norm", False),
 }
 POS_NAMES = {"pope": "PoPE", "rope": "RoPE", "none": "NoPE"}
+FLAGS = {"limit": AT_LEAST_1, "batch_size": AT_LEAST_1, "device": DEVICE_RULE}  # as train.py RULES
 # what each task reads in --data_dir (config/lm_eval/local_data.py): a folder with none is a wrong path
 LOCAL_FILES = {"lambada": ["lambada_openai.jsonl"], "blimp": ["blimp"], "hellaswag": ["hellaswag_val.txt"],
                "piqa": ["piqa.jsonl"], "arc_easy": ["arc_easy.jsonl"],
@@ -207,9 +209,7 @@ def main(argv=None):
     tasks = [t for t in TASKS if t in names]
     if set(names) - set(TASKS) or not tasks:
         p.error(f"--tasks {args.tasks!r}: choose from {','.join(TASKS)} or all")
-    for name in ("limit", "batch_size"):  # None: the default; 0 is no default but a mistake
-        if (v := getattr(args, name)) is not None and v < 1:
-            die(f"--{name} must be >= 1, got {v}")
+    check_flags(args, FLAGS)  # (None: the default; 0 is no default but a mistake)
     if args.data_dir and not any(os.path.exists(os.path.join(args.data_dir, n))
                                  for t in tasks for n in LOCAL_FILES[t]):  # one line, not a line per task
         die(f"--data_dir {args.data_dir} holds none of {', '.join(LOCAL_FILES[t][0] for t in tasks)}; point "
@@ -235,7 +235,7 @@ def main(argv=None):
     if args.trust_remote_code:  # as the harness's own --trust_remote_code does
         datasets.config.HF_DATASETS_TRUST_REMOTE_CODE = True
 
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    device = resolve_device(args.device)
     batch_size = args.batch_size or (32 if device.startswith("cuda") else 8)
     rows, report = [], {"tasks": tasks, "data_dir": args.data_dir, "limit": args.limit, "device": device,
                         "batch_size": batch_size, "models": []}
@@ -265,4 +265,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

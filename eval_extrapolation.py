@@ -29,10 +29,14 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import CheckpointError, load_checkpoint
-from prepare.common import (PrepareError, check_outputs, die, load_meta, read_tokens, vocab_key,
-                            write_atomic, write_json)
+from prepare.common import (AT_LEAST_1, DEVICE_RULE, KERNEL_RULE, PrepareError, check_flags,
+                            check_outputs, die, load_meta, output_file, read_tokens, resolve_device,
+                            run_main, vocab_key, write_json)
 
 DEFAULT_MAX_TOKENS = 1 << 20  # default cap on the scored tokens per length
+FLAGS = {**dict.fromkeys(("max_tokens", "bucket_size", "batch_tokens", "batch_size"), AT_LEAST_1),
+         "yarn_scale": (lambda v, a: 1 <= v < math.inf, ">= 1 and finite"), "device": DEVICE_RULE,
+         "attn_impl": KERNEL_RULE}  # flag: (rule, what it must be), as train.py's RULES
 
 
 def parse_args(argv):
@@ -58,9 +62,7 @@ def parse_args(argv):
     add("--attn_impl", choices=["auto", "torch", "triton"], help="attention code (default: the checkpoint's)")
     add("--no_progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
-    for name in ("max_tokens", "bucket_size", "batch_tokens", "batch_size", "yarn_scale"):
-        if (v := getattr(args, name)) is not None and v < 1:
-            die(f"--{name} must be >= 1, got {v}")
+    check_flags(args, FLAGS)
     args.yarn = args.yarn or args.yarn_scale is not None
     if args.yarn_only and not args.yarn:
         die("--yarn_only needs --yarn (or --yarn_scale)")
@@ -247,15 +249,15 @@ def write_plot(path, series, lengths):
     for a in (ax, bx):
         a.grid(True, which="both", alpha=0.3)
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=min(6, len(series)))
-    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    with output_file(path) as f:
+        fig.savefig(f, dpi=120, format="png")
     return fig
 
 
 def main(argv=None):
     args = parse_args(argv)
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if (cuda := device.startswith("cuda")) and not torch.cuda.is_available():
-        die("--device cuda but CUDA is not available here; pass --device cpu")
+    device = resolve_device(args.device)
+    cuda = device.startswith("cuda")
     bf16 = (cuda and torch.cuda.is_bf16_supported()) if args.dtype == "auto" else args.dtype == "bfloat16"
     ctx = torch.autocast("cuda" if cuda else "cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
     if cuda:
@@ -315,4 +317,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -11,7 +11,7 @@ q and k are the attention's own: forward hooks on model.CausalSelfAttention's q_
 head's projection, before RoPE or a cache). Each model runs the first --tokens tokens (default: up to 65536)
 in windows of its block size T (positions 0..T-1), in float32; the sums are float64. A split of fixed rows
 (meta.json's row_len) is read as train.py reads it, a window per row, its first min(T, row_len - 1) tokens.
-  PoPE  channel c = 0..D-1 at theta_c = base^(-c/D) (model.pope_frequencies); magnitude mu = softplus(x_c).
+  PoPE  channel c = 0..D-1 at theta_c = base^(-c/D) (model.pope_frequencies); magnitude mu = pope_magnitude(x_c).
   RoPE  pair i = the two dims model.apply_rope rotates together (found by rotating each basis vector), at
         the angle it turns per position (the model's inv_freq, YaRN included); magnitude = the pair's norm.
   NoPE  the same pairs and norms, at the frequencies RoPE would give them (a reference: nothing rotates).
@@ -28,14 +28,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
-from model import CheckpointError, load_checkpoint, apply_rope, pope_frequencies, rope_cos_sin, yarn_inv_freq
-from prepare.common import (PrepareError, check_outputs, die, load_meta, read_tokens, vocab_key,
-                            write_atomic, write_json)
+from model import (CheckpointError, load_checkpoint, apply_rope, pope_frequencies, pope_magnitude,
+                   rope_cos_sin, yarn_inv_freq)
+from prepare.common import (AT_LEAST_1, DEVICE_RULE, KERNEL_RULE, PrepareError, check_flags,
+                            check_outputs, die, load_meta, output_file, read_tokens, resolve_device,
+                            run_main, vocab_key, write_json)
 
 DEFAULT_TOKENS = 65536  # without --tokens: up to this many, fewer where --data holds fewer
+FLAGS = {"tokens": AT_LEAST_1, "batch_size": AT_LEAST_1, "device": DEVICE_RULE,
+         "attn_impl": KERNEL_RULE}  # flag: (rule, what it must be), as train.py's RULES
 
 
 def parse_args(argv):
@@ -52,9 +55,7 @@ def parse_args(argv):
     add("--attn_impl", choices=["auto", "torch", "triton"], help="attention code (default: the checkpoint's)")
     add("--no_progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
-    for name in ("tokens", "batch_size"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            die(f"--{name} must be >= 1, got {getattr(args, name)}")
+    check_flags(args, FLAGS)
     args.labels = args.labels and [x.strip() for x in args.labels.split(",")]
     if args.labels and len(args.labels) != len(args.ckpt):
         die(f"--labels has {len(args.labels)} names for {len(args.ckpt)} checkpoints")
@@ -98,10 +99,10 @@ def measure(label, path, model, windows, stride, bs, device, bar):
     cfg, (freqs, dims), (n, T) = model.config, channels(model), windows.shape
     idx = torch.as_tensor(dims, device=device)
 
-    def mag(x):  # (B, H, T, C) magnitudes in float64: softplus (PoPE) or the norm of each pair
+    def mag(x):  # (B, H, T, C) magnitudes in float64: model.pope_magnitude (PoPE) or the norm of each pair
         x = x.double()
         if cfg.pos_emb == "pope":
-            return F.softplus(x)
+            return pope_magnitude(x)
         return torch.hypot(x[..., idx[:, 0]], x[..., idx[:, 1]])
     sums, held = torch.zeros(3, cfg.n_layer, cfg.n_head, len(dims), dtype=torch.float64, device=device), {}
 
@@ -155,16 +156,15 @@ def write_plot(path, models):
     axes[-1].set(xlabel="frequency (radians per position)", ylabel="mean share x channels (1 = even)",
                  title="Mean over layers")
     axes[-1].legend()
-    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    with output_file(path) as f:
+        fig.savefig(f, dpi=120, format="png")
     print(f"wrote {path}")
     return fig
 
 
 def main(argv=None):
     args = parse_args(argv)
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        die("--device cuda but CUDA is not available here; pass --device cpu")
+    device = resolve_device(args.device)
     runs, streams, row_len, limit = [], {}, None, args.tokens or DEFAULT_TOKENS
     for i, path in enumerate(args.ckpt):
         try:
@@ -216,4 +216,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -1,27 +1,31 @@
 """
 PoPE attention as one fused Triton kernel (forward and backward), and a decoding kernel.
 
-It computes what model.py's PyTorch path computes (the PoPE paper's score, arXiv 2509.10534), per head:
+It computes, per head, what model.py's PyTorch path computes (the PoPE paper's score, arXiv
+2509.10534):
     a_ts = sm_scale * sum_c softplus(q)[t,c] softplus(k)[s,c] cos((s-t) theta_c + delta_c),
-a dot product of the 2D-long Cartesian vectors [mu cos(phase), mu sin(phase)], with theta and delta as
-model.py makes them (pope_frequencies, pope_delta). The kernel's @triton.jit helpers that must follow a
-change of PoPE (tests/test_kernel.py holds them to model.py) are: _softplus, _cos_sin, _cartesian_tile,
-_cartesian_grad and _decode_turn.
+a dot product of the 2D-long Cartesian vectors [mu cos(phase), mu sin(phase)], with theta and delta
+as model.py makes them (pope_frequencies, pope_delta). The kernel's @triton.jit helpers that must
+follow a change of PoPE (tests/test_kernel.py holds them to model.py) are: _softplus, _cos_sin,
+_cartesian_tile, _cartesian_grad, _relative_key and _decode_turn.
 
 Entry points: pope_attention, kernel_unsupported_reason; for model.KVCache's one-token steps
-decode_attention, decode_unsupported_reason, decode_launch. Query row i sits at position q_offset+i, key
-row j at j. Supported: CUDA (compute capability 8.0+), or the CPU with TRITON_INTERPRET=1 set before
-import; bf16, fp16, fp32; head dim 32, 64 or 128.
+decode_attention, decode_unsupported_reason, decode_launch. Query row i sits at position q_offset+i,
+key row j at j. Supported: CUDA (compute capability 8.0+), or the CPU with TRITON_INTERPRET=1 set
+before import; bf16, fp16, fp32; head dim 32, 64 or 128.
 
-How it works (measurements behind each choice: results/kernel.md): a pre-pass writes the Cartesian keys
-in the input dtype (phases in float32), so the loop is a plain flash attention with a QK dot of depth 2D
-and a PV dot of depth D. The forward makes its query block Cartesian in registers. The backward is
-FlashAttention-2's: pre-passes (Cartesian queries with rowsum(dO*O), Cartesian keys), a dk/dv kernel and a
-dq kernel that load them, each mapping its gradient back to dq, dk and ddelta in its epilogue. No atomics:
-ddelta is summed per key block, then by torch in a fixed order: bitwise deterministic. One torch.library
-custom op with an autograd formula serves eager calls and torch.compile; launches go through Triton's
-launcher, GPU configs through triton.autotune.
-Layout, as Triton's fused-attention tutorial: the kernels, the autograd op, launch helpers, entry points.
+How it works (measurements behind each choice: results/kernel.md): a pre-pass writes the Cartesian
+keys in the input dtype (phases in float32), so the loop is a plain flash attention with a QK dot of
+depth 2D and a PV dot of depth D. The forward makes its query block Cartesian in registers. The
+backward is FlashAttention-2's: pre-passes (Cartesian queries with rowsum(dO*O), Cartesian keys), a
+dk/dv kernel and a dq kernel that load them, each mapping its gradient back to dq, dk and ddelta in
+its epilogue. No atomics: ddelta is summed per key block, then by torch in a fixed order: bitwise
+deterministic. One torch.library custom op with an autograd formula serves eager calls and
+torch.compile; launches go through Triton's launcher, GPU configs through triton.autotune.
+
+Layout, as Triton's fused-attention tutorial: PoPE's math; the forward kernels with their configs;
+the backward kernels with theirs; the decoding kernel; the custom ops; launch helpers; entry points;
+last, the shims for Triton's CPU interpreter.
 """
 
 import contextlib
@@ -34,87 +38,19 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-# -----------------------------------------------------------------------------
-# Interpreter shims (TRITON_INTERPRET=1, the CPU tests): Triton 3.6's interpreter differs from the GPU in
-# a few places; each shim below takes the GPU's path when compiled. TRITON_INTERPRET is read once, as
-# triton.jit reads it when the kernels are decorated: setting it later changes neither.
+# read once, as triton.jit reads it when the kernels are decorated: setting it later changes neither
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-_INTERPRETED = tl.constexpr(_INTERPRET)
-
-
-@triton.jit
-def _dot(a, b, acc, DOT_PREC: tl.constexpr):
-    # the interpreter multiplies bf16 tiles as raw uint16 bits: there every dot takes float32 operands (exact
-    # for bf16/fp16 values, as on tensor cores)
-    if _INTERPRETED:
-        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-    else:
-        acc = tl.dot(a, b, acc, input_precision=DOT_PREC)
-    return acc
-
-
-def _interpreter_int(x):
-    return int(x.handle.data.reshape(-1)[0]) if hasattr(x, "handle") else int(x)
-
-
-if hasattr(triton, "constexpr_function"):  # lets compiled kernels name it
-    _interpreter_int = triton.constexpr_function(_interpreter_int)
-
-
-@triton.jit
-def _loop_bounds(lo, hi):
-    # the interpreter keeps scalars as 1-element arrays, which numpy >= 2.4 no longer takes as a range()
-    # bound, and turns every value assigned to a name back into one: the loops take (lo, hi) from here
-    if _INTERPRETED:
-        bounds = (_interpreter_int(lo), _interpreter_int(hi))
-    else:
-        bounds = (lo, hi)
-    return bounds
-
-
-@triton.jit
-def _cast(x, dtype):
-    # the interpreter truncates float32 -> bf16 (the GPU rounds to nearest even), which doubles bf16 errors in
-    # the CPU tests: round first, with integer ops, so that its truncation is exact
-    if _INTERPRETED:
-        if dtype == tl.bfloat16:
-            b = x.to(tl.float32).to(tl.uint32, bitcast=True)
-            b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-            x = b.to(tl.float32, bitcast=True)
-    return x.to(dtype)
-
-
-@triton.jit
-def _fma(a, b, c):
-    # the interpreter rounds an fma's product to float32 first (a phase of 8000 would lose ~1e-4 rad): there
-    # in float64, exact as the GPU's fma is for _cos_sin's operands
-    if _INTERPRETED:
-        r = (c.to(tl.float64) + a.to(tl.float64) * b).to(tl.float32)
-    else:
-        r = tl.fma(a, b, c)
-    return r
-
-
-@triton.jit
-def _fast_cos_sin(r):
-    # the GPU's sin.approx/cos.approx for |r| <= pi; the interpreter has only numpy's
-    if _INTERPRETED:
-        c = tl.cos(r)
-        s = tl.sin(r)
-    else:
-        c = libdevice.fast_cosf(r)
-        s = libdevice.fast_sinf(r)
-    return c, s
 
 
 # -----------------------------------------------------------------------------
-# PoPE's math (model.py's pope_cos_sin / pope_cartesian in float32)
+# PoPE's math (model.py's pope_magnitude, pope_cos_sin and pope_cartesian, in float32)
 
 @triton.jit
 def _softplus(x):
-    # log1p(e), e = exp(-|x|) in (0, 1]: log(u) with u = 1 + e rounded, corrected by what the rounding added,
-    # (u - 1) - e, over u. log(1 + e) alone is off by up to ~65 float32 ulps near x = -4.3, and for tiny e
-    # (very negative x, where mu is tiny too) u is 1 and the correction gives e itself.
+    """mu = softplus(x) = max(x, 0) + log1p(e), e = exp(-|x|) in (0, 1]. log1p is log(u), u = 1 + e
+    rounded, corrected by what the rounding added, (u - 1) - e, over u: log(1 + e) alone is off by
+    up to ~65 float32 ulps near x = -4.3, and for tiny e (very negative x, where mu is tiny too) u
+    is 1 and the correction gives e itself."""
     e = tl.exp(-tl.abs(x))
     u = 1.0 + e
     return tl.maximum(x, 0.0) + (tl.log(u) - ((u - 1.0) - e) / u)
@@ -122,9 +58,10 @@ def _softplus(x):
 
 @triton.jit
 def _cos_sin(phase):
-    # Phases reach T radians, but the GPU's fast sin/cos are accurate only near [-pi, pi]: reduce first, 2*pi
-    # split in two parts (Cody-Waite), exact for k up to millions; then sin.approx/cos.approx (abs. error
-    # ~5e-7). libdevice's sinf/cosf would add a Payne-Hanek path with a local-memory array.
+    """cos and sin of a float32 phase. Phases reach T radians, but the GPU's fast sin/cos are
+    accurate only near [-pi, pi]: reduce first, 2*pi split in two parts (Cody-Waite), exact for k up
+    to millions; then sin.approx/cos.approx (abs. error ~5e-7). libdevice's sinf/cosf would add a
+    Payne-Hanek path with a local-memory array."""
     k = tl.floor(phase * 0.15915494309189535 + 0.5)
     r = _fma(k, -6.2831854820251465, phase)
     r = _fma(k, 1.7484556000744883e-07, r)
@@ -141,22 +78,41 @@ def _cartesian_tile(x, pos, theta, delta):
 
 @triton.jit
 def _cartesian_grad(x, pos, theta, delta, gc, gs):
-    """From the gradient (gc, gs) w.r.t. [mu cos, mu sin] to those w.r.t. x and the phase. Called after the
-    main loop, recomputing mu, cos and sin rather than keeping three tiles live in registers through it."""
+    """From the gradient (gc, gs) w.r.t. [mu cos, mu sin] to those w.r.t. x and the phase. Called
+    after the main loop, recomputing mu, cos and sin rather than keeping three tiles live in
+    registers."""
     mu = _softplus(x)
     c, s = _cos_sin(pos[:, None] * theta[None, :] + delta[None, :])
     return (gc * c + gs * s) * tl.sigmoid(x), mu * (gs * c - gc * s)
 
 
+@triton.jit
+def _relative_key(mu, rel, theta, delta):
+    """mu_k cos(rel theta + delta), float32: the decoding kernel's PoPE key at rel = s - t from the
+    query, the query's phase folded in (the score is then a dot with mu_q). rel None: s = t, the
+    phase is delta."""
+    phase = delta
+    if rel is not None:
+        phase = rel * theta + delta
+    c, _ = _cos_sin(phase)
+    return mu * c
+
+
 # -----------------------------------------------------------------------------
-# Training kernels: the pre-pass, the forward, dk/dv and dq
+# Forward: the Cartesian pre-pass, the forward kernel and its launch configs
 
 @triton.jit
-def _cartesian_kernel(X, XC, THETA, DELTA, O, DO, DI, sxb, sxh, sxt, sxd, sob, soh, sot, sod,
-                      sdob, sdoh, sdot, sdod, H, T, pos0, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
-                      HAS_DELTA: tl.constexpr, WITH_DI: tl.constexpr):
-    """XC[b, h, t] = [mu cos(phase), mu sin(phase)] (B, H, T, 2D) in XC's dtype. WITH_DI also writes DI[b, h,
-    t] = rowsum(dO * O), the backward's other per-query-row pre-pass, from the same program."""
+def _cartesian_kernel(
+    X, XC, THETA, DELTA, O, DO, DI,
+    sxb, sxh, sxt, sxd,
+    sob, soh, sot, sod,
+    sdob, sdoh, sdot, sdod,
+    H, T, pos0,
+    HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, HAS_DELTA: tl.constexpr, WITH_DI: tl.constexpr,
+):
+    """XC[b, h, t] = [mu cos(phase), mu sin(phase)] (B, H, T, 2D) in XC's dtype. WITH_DI also writes
+    DI[b, h, t] = rowsum(dO * O), the backward's other per-query-row pre-pass, from the same
+    program."""
     pid_t = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -185,8 +141,8 @@ def _cartesian_kernel(X, XC, THETA, DELTA, O, DO, DI, sxb, sxh, sxt, sxd, sob, s
 
 @triton.jit
 def _query_rows(H, TQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """The prologue of the forward and the dq kernel: which BLOCK_M query rows of which (batch, head) this
-    program owns."""
+    """The prologue of the forward and the dq kernel: which BLOCK_M query rows of which (batch,
+    head) this program owns."""
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # (the grid's order: see _grid)
     bh = tl.program_id(0).to(tl.int64)
     b = bh // H
@@ -199,10 +155,11 @@ def _query_rows(H, TQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _key_bounds(q_offset, m0, TK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """The keys the query rows [m0, m0 + BLOCK_M) see: [0, hi_full) are seen in full by every row and run
-    without a mask; [hi_full, hi) straddle the diagonal or the end of the keys and run with one; the ones
-    above the diagonal not at all."""
+def _key_bounds(q_offset, m0, TK,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """The keys the query rows [m0, m0 + BLOCK_M) see: [0, hi_full) are seen in full by every row
+    and run without a mask; [hi_full, hi) straddle the diagonal or the end of the keys and run with
+    one; the ones above the diagonal not at all."""
     if CAUSAL:
         hi_full = tl.minimum(q_offset + m0 + 1, TK) // BLOCK_N * BLOCK_N
         hi = tl.minimum(q_offset + m0 + BLOCK_M, TK)
@@ -213,8 +170,14 @@ def _key_bounds(q_offset, m0, TK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, 
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, V, svs, svd, lo, hi, TK, qk_scale, HEAD_DIM: tl.constexpr,
-               BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
+def _fwd_inner(
+    acc, l_i, m_i, qc, qs, qpos,
+    KC, V, svs, svd,
+    lo, hi, TK, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """The forward's online softmax over the key blocks [lo, hi), masked where MASK."""
     offs_d = tl.arange(0, HEAD_DIM)
     lo_hi = _loop_bounds(lo, hi)
     for start_n in range(lo_hi[0], lo_hi[1], BLOCK_N):
@@ -234,9 +197,9 @@ def _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, V, svs, svd, lo, hi, TK, qk_scal
             if CAUSAL:
                 ok = ok & (offs_n[None, :] <= qpos[:, None])
             s = tl.where(ok, s, float("-inf"))
-        # the scale goes into the row max (max(s) * c = max(s * c), c > 0, rounding included) and into the
-        # exponent as one fma per score: one float32 op fewer than scaling s first. Every row sees key 0,
-        # which is in the first block visited: m_new is finite
+        # the scale goes into the row max (max(s) * c = max(s * c), c > 0, rounding included) and
+        # into the exponent as one fma per score: one float32 op fewer than scaling s first. Every
+        # row sees key 0, which is in the first block visited: m_new is finite
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
@@ -252,13 +215,56 @@ def _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, V, svs, svd, lo, hi, TK, qk_scal
     return acc, l_i, m_i
 
 
+# Launch configs: (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel and head dim (32 uses 64's);
+# the first of a list is POPE_AUTOTUNE=0's and forward-only calls'. Each list: the fastest of sweeps
+# on an H200, timed in place in a forward+backward, and runners-up that stayed close at every shape
+# (results/kernel.md, "Launch configs").
+_AUTOTUNE = not _INTERPRET and os.environ.get("POPE_AUTOTUNE", "1") != "0"
+_BLOCKS = {
+    "fwd": {
+        64: [(128, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (64, 128, 4, 2),
+             (128, 128, 8, 3)],
+        128: [(128, 64, 8, 3)],  # (one config leads at every shape)
+    },
+}
+_DECODE_FWD = (16, 64, 4, 3)  # query chunks of <= 16 rows (a few tokens against a long cache)
+
+
+def _autotuned(kernel, kind, **kw):
+    """triton.autotune over every head dim's configs, pruned to the launch's head dim's (no
+    attributes of our own on a Config: with cache_results, which keeps a shape's winner on disk,
+    Triton rebuilds it from its __dict__)."""
+    every = sorted({b for D in _BLOCKS[kind] for b in _BLOCKS[kind][D]})
+    configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+               for bm, bn, w, s in every]
+
+    def prune(configs, named_args, **kwargs):
+        want = _BLOCKS[kind][max(kwargs["HEAD_DIM"], 64)]
+        return [c for c in configs
+                if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in want]
+
+    tune = triton.autotune(configs,
+                           key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "CAUSAL"],
+                           cache_results=True,
+                           prune_configs_by={"early_config_prune": prune},
+                           **kw)
+    return tune(kernel)
+
+
 @triton.jit
-def _pope_fwd(Q, KC, V, O, LSE, THETA, sqb, sqh, sqt, sqd, svb, svh, svt, svd, sob, soh, sot, sod,
-              qk_scale, H, TQ, TK, q_offset, Q_BUCKET, K_BUCKET, HEAD_DIM: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
-    """One program: BLOCK_M query rows of one (batch, head), all keys they see. Writes O and the row's
-    log2-sum-exp (for the backward). qk_scale holds sm_scale*log2(e) so that the softmax runs on exp2.
-    The query block, made Cartesian (queries have no delta) in Q's dtype, lives for the whole program."""
+def _pope_fwd(
+    Q, KC, V, O, LSE, THETA,
+    sqb, sqh, sqt, sqd,
+    svb, svh, svt, svd,
+    sob, soh, sot, sod,
+    qk_scale, H, TQ, TK, q_offset, Q_BUCKET, K_BUCKET,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """One program: BLOCK_M query rows of one (batch, head), all keys they see. Writes O and the
+    row's log2-sum-exp (for the backward). qk_scale holds sm_scale*log2(e) so that the softmax runs
+    on exp2. The query block, made Cartesian (queries have no delta) in Q's dtype, lives for the
+    whole program."""
     bh, b, h, m0, offs_m, offs_d, rows = _query_rows(H, TQ, HEAD_DIM, BLOCK_M)
     qpos = q_offset + offs_m
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
@@ -267,15 +273,20 @@ def _pope_fwd(Q, KC, V, O, LSE, THETA, sqb, sqh, sqt, sqd, svb, svh, svt, svd, s
     qc, qs = _cartesian_tile(q.to(tl.float32), qpos.to(tl.float32), theta,
                              tl.zeros([HEAD_DIM], dtype=tl.float32))
     hi_full, hi = _key_bounds(q_offset, m0, TK, BLOCK_M, BLOCK_N, CAUSAL)
-    qc, qs = _cast(qc, q.dtype), _cast(qs, q.dtype)
+    qc = _cast(qc, q.dtype)
+    qs = _cast(qs, q.dtype)
     KC = KC + bh * TK * 2 * HEAD_DIM
     V = V + b * svb + h * svh
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, V, svt, svd, 0, hi_full, TK, qk_scale,
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qc, qs, qpos,
+                               KC, V, svt, svd,
+                               0, hi_full, TK, qk_scale,
                                HEAD_DIM, BLOCK_N, False, CAUSAL, DOT_PREC)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qc, qs, qpos, KC, V, svt, svd, hi_full, hi, TK, qk_scale,
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qc, qs, qpos,
+                               KC, V, svt, svd,
+                               hi_full, hi, TK, qk_scale,
                                HEAD_DIM, BLOCK_N, True, CAUSAL, DOT_PREC)
     acc = acc / l_i[:, None]
     tl.store(O + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :] * sod,
@@ -283,30 +294,43 @@ def _pope_fwd(Q, KC, V, O, LSE, THETA, sqb, sqh, sqt, sqd, svb, svh, svt, svd, s
     tl.store(LSE + bh * TQ + offs_m, m_i + tl.math.log2(l_i), mask=rows)
 
 
+_pope_fwd_tuned = _autotuned(_pope_fwd, "fwd")
+
+
+# -----------------------------------------------------------------------------
+# Backward: the dk/dv kernel and the dq kernel, each with its launch configs
+
 @triton.jit
 def _halves(x):
-    # (R, 2D) -> its two (R, D) halves
+    """(R, 2D) -> its two (R, D) halves."""
     return tl.split(tl.permute(tl.reshape(x, (x.shape[0], 2, x.shape[1] // 2)), (0, 2, 1)))
 
 
 @triton.jit
-def _dkdv_inner(dk2, dv, k2, v, offs_n, QC, DO, sdot, sdod, LSE, DI, lo, hi, TQ, q_offset, qk_scale,
-                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr):
+def _dkdv_inner(
+    dk2, dv, k2, v, offs_n,
+    QC, DO, sdot, sdod, LSE, DI,
+    lo, hi, TQ, q_offset, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """dk/dv's loop over the query blocks [lo, hi) that see the key block, masked where MASK."""
     offs_d = tl.arange(0, HEAD_DIM)
     offs_d2 = tl.arange(0, 2 * HEAD_DIM)
     lo_hi = _loop_bounds(lo, hi)
     for start_m in range(lo_hi[0], lo_hi[1], BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         rows = offs_m < TQ
-        # query rows past TQ load as zeros with lse = Di = 0: their p is 1 but dO and Di are 0, so they add
-        # nothing to dk, dv and ddelta
-        q2 = tl.load(QC + offs_m[:, None] * (2 * HEAD_DIM) + offs_d2[None, :], mask=rows[:, None], other=0.0)
+        # query rows past TQ load as zeros with lse = Di = 0: their p is 1 but dO and Di are 0, so
+        # they add nothing to dk, dv and ddelta
+        q2 = tl.load(QC + offs_m[:, None] * (2 * HEAD_DIM) + offs_d2[None, :],
+                     mask=rows[:, None], other=0.0)
         lse = tl.load(LSE + offs_m, mask=rows, other=0.0)
         sT = _dot(k2, tl.trans(q2), tl.zeros([k2.shape[0], BLOCK_M], dtype=tl.float32), DOT_PREC)
         pT = tl.math.exp2(sT * qk_scale - lse[None, :])
         if MASK:
             pT = tl.where(offs_n[:, None] <= q_offset + offs_m[None, :], pT, 0.0)
-        do = tl.load(DO + offs_m[:, None] * sdot + offs_d[None, :] * sdod, mask=rows[:, None], other=0.0)
+        do = tl.load(DO + offs_m[:, None] * sdot + offs_d[None, :] * sdod,
+                     mask=rows[:, None], other=0.0)
         dv = _dot(_cast(pT, do.dtype), do, dv, DOT_PREC)
         di = tl.load(DI + offs_m, mask=rows, other=0.0)
         dpT = _dot(v, tl.trans(do), tl.zeros([k2.shape[0], BLOCK_M], dtype=tl.float32), DOT_PREC)
@@ -315,15 +339,28 @@ def _dkdv_inner(dk2, dv, k2, v, offs_n, QC, DO, sdot, sdod, LSE, DI, lo, hi, TQ,
     return dk2, dv
 
 
+_BLOCKS["dkdv"] = {
+    64: [(64, 64, 4, 3), (64, 64, 4, 2), (64, 128, 8, 3), (32, 64, 4, 3)],
+    128: [(64, 64, 8, 3), (32, 128, 8, 3)],
+}
+
+
 @triton.jit
-def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, KC, THETA, DELTA, skb, skh, skt, skd, svb, svh, svt,
-                   svd, sdob, sdoh, sdot, sdod, sdkb, sdkh, sdkt, sdkd, sdvb, sdvh, sdvt, sdvd,
-                   sm_scale, qk_scale, H, TQ, TK, q_offset, Q_BUCKET, K_BUCKET, HEAD_DIM: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                   DOT_PREC: tl.constexpr):
-    """One program: BLOCK_N key rows of one (batch, head), every query block that sees them. Writes dk, dv,
-    and this block's row of ddelta partials DDP[pid_n, b * H + h, :] (summed over blocks and batch by the
-    caller). Its keys come Cartesian from the pre-pass, KC (B, H, TK, 2D)."""
+def _pope_bwd_dkdv(
+    K, V, QC, DO, LSE, DI, DK, DV, DDELTA_PARTS, KC, THETA, DELTA,
+    skb, skh, skt, skd,
+    svb, svh, svt, svd,
+    sdob, sdoh, sdot, sdod,
+    sdkb, sdkh, sdkt, sdkd,
+    sdvb, sdvh, sdvt, sdvd,
+    sm_scale, qk_scale, H, TQ, TK, q_offset, Q_BUCKET, K_BUCKET,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """One program: BLOCK_N key rows of one (batch, head), every query block that sees them. Writes
+    dk, dv, and this block's row of ddelta partials DDELTA_PARTS[pid_n, b * H + h, :] (summed over
+    blocks and batch by the caller). Its keys come Cartesian from the pre-pass, KC (B, H, TK,
+    2D)."""
     pid_n = tl.program_id(1)  # (the grid's order: see _grid)
     bh = tl.program_id(0).to(tl.int64)
     b = bh // H
@@ -334,9 +371,10 @@ def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, KC, THETA, DELTA, skb, sk
     cols = offs_n < TK
     v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svt + offs_d[None, :] * svd,
                 mask=cols[:, None], other=0.0)
-    # one (BLOCK_N, 2D) key tile [mu cos | mu sin] and one (BLOCK_N, 2D) dk accumulator, not a tile and an
-    # accumulator per half: the same products in wider dots; loaded, not made here (no key transform in
-    # registers through the loop: results/kernel.md), and split again for the chain rule after the loop
+    # one (BLOCK_N, 2D) key tile [mu cos | mu sin] and one (BLOCK_N, 2D) dk accumulator, not a tile
+    # and an accumulator per half: the same products in wider dots; loaded, not made here (no key
+    # transform in registers through the loop: results/kernel.md), and split again for the chain
+    # rule after the loop
     offs_d2 = tl.arange(0, 2 * HEAD_DIM)
     k2 = tl.load(KC + bh * TK * 2 * HEAD_DIM + offs_n[:, None] * (2 * HEAD_DIM) + offs_d2[None, :],
                  mask=cols[:, None], other=0.0)
@@ -346,38 +384,54 @@ def _pope_bwd_dkdv(K, V, QC, DO, LSE, DI, DK, DV, DDP, KC, THETA, DELTA, skb, sk
     DI = DI + bh * TQ
     dk2 = tl.zeros([BLOCK_N, 2 * HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    if CAUSAL:  # rows before lo see none of these keys; rows from full_lo on see all
+    # causal: rows before lo see none of these keys; rows from full_lo on see all
+    if CAUSAL:
         lo = tl.maximum(n0 - q_offset, 0) // BLOCK_M * BLOCK_M
         full_lo = tl.maximum(n0 + BLOCK_N - 1 - q_offset, 0)
         full_lo = tl.maximum((full_lo + BLOCK_M - 1) // BLOCK_M * BLOCK_M, lo)
     else:
         lo = 0
         full_lo = 0
-    dk2, dv = _dkdv_inner(dk2, dv, k2, v, offs_n, QC, DO, sdot, sdod, LSE, DI, lo, tl.minimum(full_lo, TQ),
-                          TQ, q_offset, qk_scale, HEAD_DIM, BLOCK_M, True, DOT_PREC)
-    dk2, dv = _dkdv_inner(dk2, dv, k2, v, offs_n, QC, DO, sdot, sdod, LSE, DI, full_lo, TQ, TQ,
-                          q_offset, qk_scale, HEAD_DIM, BLOCK_M, False, DOT_PREC)
+    dk2, dv = _dkdv_inner(dk2, dv, k2, v, offs_n,
+                          QC, DO, sdot, sdod, LSE, DI,
+                          lo, tl.minimum(full_lo, TQ), TQ, q_offset, qk_scale,
+                          HEAD_DIM, BLOCK_M, True, DOT_PREC)
+    dk2, dv = _dkdv_inner(dk2, dv, k2, v, offs_n,
+                          QC, DO, sdot, sdod, LSE, DI,
+                          full_lo, TQ, TQ, q_offset, qk_scale,
+                          HEAD_DIM, BLOCK_M, False, DOT_PREC)
     dkc, dks = _halves(dk2)
     # dv first, so that its registers are free for the rest
     tl.store(DV + b * sdvb + h * sdvh + offs_n[:, None] * sdvt + offs_d[None, :] * sdvd,
              _cast(dv, DV.dtype.element_ty), mask=cols[:, None])
-    # back from the Cartesian key [mu c, mu s] to k and the phase (= delta's); k, theta, delta are loaded
-    # here, not in the prologue: live through the loop they made it spill
+    # back from the Cartesian key [mu c, mu s] to k and the phase (= delta's); k, theta, delta are
+    # loaded here, not in the prologue: live through the loop they made it spill
     k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :] * skd,
                 mask=cols[:, None], other=0.0).to(tl.float32)
     theta = tl.load(THETA + offs_d)
     delta = tl.load(DELTA + h * HEAD_DIM + offs_d)
-    dk, dphase = _cartesian_grad(k, offs_n.to(tl.float32), theta, delta, dkc * sm_scale, dks * sm_scale)
+    dk, dphase = _cartesian_grad(k, offs_n.to(tl.float32), theta, delta,
+                                 dkc * sm_scale, dks * sm_scale)
     tl.store(DK + b * sdkb + h * sdkh + offs_n[:, None] * sdkt + offs_d[None, :] * sdkd,
              _cast(dk, DK.dtype.element_ty), mask=cols[:, None])
     dphase = tl.where(cols[:, None], dphase, 0.0)
-    tl.store(DDP + (pid_n * tl.num_programs(0) + bh) * HEAD_DIM + offs_d, tl.sum(dphase, 0))
+    parts = DDELTA_PARTS + (pid_n * tl.num_programs(0) + bh) * HEAD_DIM
+    tl.store(parts + offs_d, tl.sum(dphase, 0))
+
+
+# (reset_to_zero: each trial run sums its partials from zero)
+_pope_bwd_dkdv_tuned = _autotuned(_pope_bwd_dkdv, "dkdv", reset_to_zero=["DDELTA_PARTS"])
 
 
 @triton.jit
-def _dq_inner(dqc, dqs, qc, qs, do, lse, di, qpos, KC, V, svt, svd, lo, hi, TK, qk_scale,
-              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-              DOT_PREC: tl.constexpr):
+def _dq_inner(
+    dqc, dqs, qc, qs, do, lse, di, qpos,
+    KC, V, svt, svd,
+    lo, hi, TK, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """dq's loop over the key blocks [lo, hi) the query block sees, masked where MASK."""
     offs_d = tl.arange(0, HEAD_DIM)
     lo_hi = _loop_bounds(lo, hi)
     for start_n in range(lo_hi[0], lo_hi[1], BLOCK_N):
@@ -408,11 +462,22 @@ def _dq_inner(dqc, dqs, qc, qs, do, lse, di, qpos, KC, V, svt, svd, lo, hi, TK, 
     return dqc, dqs
 
 
+# dq's one config a head dim, not autotuned: at D=64 the autotuner, timing dq alone with a cold L2,
+# picked a slower one (results/kernel.md, "Launch configs")
+_BLOCKS["dq"] = {64: [(64, 64, 4, 3)], 128: [(128, 32, 8, 3)]}
+
+
 @triton.jit
-def _pope_bwd_dq(Q, QC, KC, V, DO, LSE, DI, DQ, THETA, sqb, sqh, sqt, sqd, svb, svh, svt, svd, sdob, sdoh,
-                 sdot, sdod, sdqb, sdqh, sdqt, sdqd, sm_scale, qk_scale, H, TQ, TK, q_offset, Q_BUCKET,
-                 K_BUCKET, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
+def _pope_bwd_dq(
+    Q, QC, KC, V, DO, LSE, DI, DQ, THETA,
+    sqb, sqh, sqt, sqd,
+    svb, svh, svt, svd,
+    sdob, sdoh, sdot, sdod,
+    sdqb, sdqh, sdqt, sdqd,
+    sm_scale, qk_scale, H, TQ, TK, q_offset, Q_BUCKET, K_BUCKET,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """One program: BLOCK_M query rows of one (batch, head), every key block they see. Writes dq."""
     bh, b, h, m0, offs_m, offs_d, rows = _query_rows(H, TQ, HEAD_DIM, BLOCK_M)
     qpos = q_offset + offs_m
@@ -430,9 +495,13 @@ def _pope_bwd_dq(Q, QC, KC, V, DO, LSE, DI, DQ, THETA, sqb, sqh, sqt, sqd, svb, 
     V = V + b * svb + h * svh
     dqc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     dqs = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    dqc, dqs = _dq_inner(dqc, dqs, qc, qs, do, lse, di, qpos, KC, V, svt, svd, 0, hi_full, TK, qk_scale,
+    dqc, dqs = _dq_inner(dqc, dqs, qc, qs, do, lse, di, qpos,
+                         KC, V, svt, svd,
+                         0, hi_full, TK, qk_scale,
                          HEAD_DIM, BLOCK_N, False, CAUSAL, DOT_PREC)
-    dqc, dqs = _dq_inner(dqc, dqs, qc, qs, do, lse, di, qpos, KC, V, svt, svd, hi_full, hi, TK, qk_scale,
+    dqc, dqs = _dq_inner(dqc, dqs, qc, qs, do, lse, di, qpos,
+                         KC, V, svt, svd,
+                         hi_full, hi, TK, qk_scale,
                          HEAD_DIM, BLOCK_N, True, CAUSAL, DOT_PREC)
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
                 mask=rows[:, None], other=0.0).to(tl.float32)
@@ -443,30 +512,36 @@ def _pope_bwd_dq(Q, QC, KC, V, DO, LSE, DI, DQ, THETA, sqb, sqh, sqt, sqd, svb, 
 
 
 # -----------------------------------------------------------------------------
-# Decoding kernel: one query per (batch, head) against a static KV cache (model.KVCache's one-token step).
-# Softmax attention over ready keys (any power-of-two width) or over PoPE's magnitudes mu_k alone (D numbers
-# a key, as RoPE's; the kernel makes each slot's phase: at batch 8, context 8k, 5,283 tok/s against 3,382
-# for 2D-wide Cartesian keys, RESULTS.md), split over the keys as flash-decoding does: each (batch, head)'s
-# keys 0..pos are cut into `splits` chunks, one program each, which write a partial (max, sum, accumulator);
-# the last of a pair's programs to finish (an atomic count says which) merges them: one launch a layer. pos
-# is read on the device, so a CUDA graph replays the step at every position. The program that holds slot
-# pos writes the new key and value there and attends to them from registers (no other program reads it).
+# Decoding kernel: one query per (batch, head) against a static KV cache (model.KVCache's one-token
+# step). Softmax attention over ready keys (any power-of-two width) or over PoPE's magnitudes mu_k
+# alone (D numbers a key, as RoPE's; the kernel makes each slot's phase: results/kernel.md,
+# "Decoding"), split over the keys as flash-decoding does: each (batch, head)'s keys 0..pos are cut
+# into `splits` chunks, one program each, which write a partial (max, sum, accumulator); the last of
+# a pair's programs to finish (an atomic count says which) merges them: one launch a layer. pos is
+# read on the device, so a CUDA graph replays the step at every position. The program that holds
+# slot pos writes the new key and value there and attends to them from registers (no other program
+# reads it).
 
 _DECODE_PROGRAMS = 512  # split programs to aim for: ~4 per SM of an H100/H200 (132 SMs)
-_DECODE_TILE = 8192  # elements of one key tile (BLOCK_N keys x key width), 4 warps: 64 float32 registers a
-#   thread. One fixed config (no autotuning): the step is bound by reading the cache.
-_READY, _POPE, _ROPE = 0, 1, 2  # TURN: q and k come ready, or raw, turned as PoPE (to magnitudes) or RoPE
+# elements of one key tile (BLOCK_N keys x key width), 4 warps: 64 float32 registers a thread. One
+# fixed config (no autotuning): the step is bound by reading the cache.
+_DECODE_TILE = 8192
+# MODE, how q and k come: ready, or raw, to be turned as PoPE's (to magnitudes) or as RoPE's
+# (rotated)
+_READY = tl.constexpr(0)
+_POPE = tl.constexpr(1)
+_ROPE = tl.constexpr(2)
 
 
 @triton.jit
-def _decode_turn(X, sxd, pos, FREQ, TURN: tl.constexpr, DIM: tl.constexpr):
-    """The DIM-long float32 query or key from X (one row, stride sxd) at position pos. _POPE: its magnitudes
-    mu = softplus(X) (the phases are made per slot: _decode_split_kernel); _ROPE: X rotated as
+def _decode_turn(X, sxd, pos, FREQ, MODE: tl.constexpr, DIM: tl.constexpr):
+    """The DIM-long float32 query or key from X (one row, stride sxd) at position pos. _POPE: its
+    magnitudes mu = softplus(X) (the phases are made per slot: _relative_key); _ROPE: X rotated as
     model.apply_rope (rotate-half) by pos * inv_freq_i; _READY: X as it is."""
     offs = tl.arange(0, DIM)
-    if TURN == 1:
+    if MODE == _POPE:
         x = _softplus(tl.load(X + offs * sxd).to(tl.float32))
-    elif TURN == 2:  # x[i] + 1j x[i + D/2] times e^(1j pos inv_freq_i)
+    elif MODE == _ROPE:  # x[i] + 1j x[i + D/2] times e^(1j pos inv_freq_i)
         half: tl.constexpr = DIM // 2
         cos, sin = _cos_sin(pos.to(tl.float32) * tl.load(FREQ + offs % half))
         x = tl.load(X + offs * sxd).to(tl.float32)
@@ -478,16 +553,25 @@ def _decode_turn(X, sxd, pos, FREQ, TURN: tl.constexpr, DIM: tl.constexpr):
 
 
 @triton.jit
-def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART, COUNT, O, FREQ, DELTA, sqb, sqh, sqd, sknb, sknh, sknd,
-                         svnb, svnh, svnd, skb, skh, skt, skd, svb, svh, svt, svd, sob, soh, sod, sdh,
-                         H, N, SPLITS, qk_scale, KEY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         BLOCK_N: tl.constexpr, TURN: tl.constexpr, FINAL: tl.constexpr,
-                         SPLITS_POW2: tl.constexpr):
-    """Program (split, bh): chunk `split` of (batch, head) bh's keys 0..pos -> PART[bh, split] = (acc, max,
-    sum), the max and sum of exp2(scores - max) in log2 units (qk_scale holds sm_scale * log2(e)); the pair's
-    last program to finish (COUNT[bh], zero between launches, counts them) merges the partials into O[b, h,
-    0]. TURN: _decode_turn's (FREQ, and for _POPE DELTA (H, HEAD_DIM) with row stride sdh). FINAL (one chunk,
-    SPLITS = 1): the program writes O[b, h, 0] = acc / sum, no partial, no count."""
+def _decode_split_kernel(
+    Q, KN, VN, KC, VC, POS, PART, COUNT, O, FREQ, DELTA,
+    sqb, sqh, sqd,
+    sknb, sknh, sknd,
+    svnb, svnh, svnd,
+    skb, skh, skt, skd,
+    svb, svh, svt, svd,
+    sob, soh, sod,
+    sdh,
+    H, N, SPLITS, qk_scale,
+    KEY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr,
+    FINAL: tl.constexpr, SPLITS_POW2: tl.constexpr,
+):
+    """Program (split, bh): chunk `split` of (batch, head) bh's keys 0..pos -> PART[bh, split] =
+    (acc, max, sum), the max and sum of exp2(scores - max) in log2 units (qk_scale holds sm_scale *
+    log2(e)); the pair's last program to finish (COUNT[bh], zero between launches, counts them)
+    merges the partials into O[b, h, 0]. MODE: _decode_turn's (FREQ, and for _POPE DELTA (H,
+    HEAD_DIM) with row stride sdh). FINAL (one chunk, SPLITS = 1): the program writes O[b, h, 0] =
+    acc / sum, no partial, no count."""
     split = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -497,10 +581,11 @@ def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART, COUNT, O, FREQ, DELTA, sq
     lo = split * per
     hi = tl.minimum(lo + per, pos + 1)
     offs_d = tl.arange(0, HEAD_DIM)
-    if (lo < hi) & (pos < N):  # chunks past pos do nothing (nor count); pos >= N: nothing at all
+    # chunks past pos do nothing (nor count); pos >= N: nothing at all
+    if (lo < hi) & (pos < N):
         offs_k = tl.arange(0, KEY_DIM)
-        q = _decode_turn(Q + b * sqb + h * sqh, sqd, pos, FREQ, TURN, KEY_DIM) * qk_scale
-        if TURN == 1:  # the score of key s: sum_c mu_q,c mu_k,sc cos((s - pos) theta_c + delta_c)
+        q = _decode_turn(Q + b * sqb + h * sqh, sqd, pos, FREQ, MODE, KEY_DIM) * qk_scale
+        if MODE == _POPE:
             theta = tl.load(FREQ + offs_k)
             dlt = tl.load(DELTA + h * sdh + offs_k)
         KC += b * skb + h * skh
@@ -513,29 +598,32 @@ def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART, COUNT, O, FREQ, DELTA, sq
         for start in range(lo_hi[0], lo_hi[1], BLOCK_N):
             offs = start + tl.arange(0, BLOCK_N)
             ok = offs < old
-            k = tl.load(KC + offs[:, None] * skt + offs_k[None, :] * skd, mask=ok[:, None], other=0.0)
+            k = tl.load(KC + offs[:, None] * skt + offs_k[None, :] * skd,
+                        mask=ok[:, None], other=0.0)
             k = k.to(tl.float32)
-            if TURN == 1:
-                cos, _ = _cos_sin((offs - pos).to(tl.float32)[:, None] * theta[None, :] + dlt[None, :])
-                k = k * cos
+            if MODE == _POPE:
+                rel = (offs - pos).to(tl.float32)
+                k = _relative_key(k, rel[:, None], theta[None, :], dlt[None, :])
             s = tl.where(ok, tl.sum(k * q[None, :], 1), float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 0))
             p = tl.math.exp2(s - m_new)
             alpha = tl.math.exp2(m - m_new)
-            v = tl.load(VC + offs[:, None] * svt + offs_d[None, :] * svd, mask=ok[:, None], other=0.0)
+            v = tl.load(VC + offs[:, None] * svt + offs_d[None, :] * svd,
+                        mask=ok[:, None], other=0.0)
             acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
             l = l * alpha + tl.sum(p, 0)
             m = m_new
-        if hi == pos + 1:  # the chunk of slot pos: the new key and value, rounded to the cache's dtype
-            kn = _decode_turn(KN + b * sknb + h * sknh, sknd, pos, FREQ, TURN, KEY_DIM)
+        # the chunk of slot pos: the new key and value, rounded to the cache's dtype
+        if hi == pos + 1:
+            kn = _decode_turn(KN + b * sknb + h * sknh, sknd, pos, FREQ, MODE, KEY_DIM)
             kn = _cast(kn, KC.dtype.element_ty)
-            vn = _cast(tl.load(VN + b * svnb + h * svnh + offs_d * svnd).to(tl.float32), VC.dtype.element_ty)
+            vn = tl.load(VN + b * svnb + h * svnh + offs_d * svnd).to(tl.float32)
+            vn = _cast(vn, VC.dtype.element_ty)
             tl.store(KC + pos * skt + offs_k * skd, kn)
             tl.store(VC + pos * svt + offs_d * svd, vn)
             kn = kn.to(tl.float32)
-            if TURN == 1:  # (s - pos = 0: the phase is delta_c)
-                cos, _ = _cos_sin(dlt)
-                kn = kn * cos
+            if MODE == _POPE:
+                kn = _relative_key(kn, None, theta, dlt)
             s = tl.sum(kn * q, 0)
             m_new = tl.maximum(m, s)
             p = tl.math.exp2(s - m_new)
@@ -551,35 +639,44 @@ def _decode_split_kernel(Q, KN, VN, KC, VC, POS, PART, COUNT, O, FREQ, DELTA, sq
             tl.store(mine + offs_d, acc)
             tl.store(mine + HEAD_DIM, m)
             tl.store(mine + HEAD_DIM + 1, l)
-            # every thread's partial stored before the count (the barrier), released with it; the count's old
-            # value says whether this is the last of the chunks that ran (ran = chunks holding a key)
+            # every thread's partial stored before the count (the barrier), released with it; the
+            # count's old value says whether this is the last of the chunks that ran (ran = chunks
+            # holding a key)
             tl.debug_barrier()
             done = tl.atomic_add(COUNT + bh, 1, sem="acq_rel", scope="gpu")
             ran = tl.cdiv(pos + 1, per)
-            if done == ran - 1:  # the last: merge all (they are visible: the acquire), zero the count
+            # the last: merge all (they are visible: the acquire), zero the count. The loads are
+            # .cg: from L2, where the other programs' stores are
+            if done == ran - 1:
                 tl.store(COUNT + bh, 0)
                 offs_s = tl.arange(0, SPLITS_POW2)
                 ok = offs_s < ran
-                mp = tl.load(part + offs_s * (HEAD_DIM + 2) + HEAD_DIM, mask=ok, other=float("-inf"),
-                             cache_modifier=".cg")  # (.cg: from L2, where the other programs' stores are)
-                lp = tl.load(part + offs_s * (HEAD_DIM + 2) + HEAD_DIM + 1, mask=ok, other=0.0,
-                             cache_modifier=".cg")
-                ap = tl.load(part + offs_s[:, None] * (HEAD_DIM + 2) + offs_d[None, :], mask=ok[:, None],
-                             other=0.0, cache_modifier=".cg")
-                w = tl.math.exp2(mp - tl.max(mp, 0))  # chunk 0 always ran: the max is finite; others weigh 0
+                mp = tl.load(part + offs_s * (HEAD_DIM + 2) + HEAD_DIM,
+                             mask=ok, other=float("-inf"), cache_modifier=".cg")
+                lp = tl.load(part + offs_s * (HEAD_DIM + 2) + HEAD_DIM + 1,
+                             mask=ok, other=0.0, cache_modifier=".cg")
+                ap = tl.load(part + offs_s[:, None] * (HEAD_DIM + 2) + offs_d[None, :],
+                             mask=ok[:, None], other=0.0, cache_modifier=".cg")
+                # chunk 0 always ran: the max is finite; the others weigh 0
+                w = tl.math.exp2(mp - tl.max(mp, 0))
                 out = tl.sum(w[:, None] * ap, 0) / tl.sum(w * lp, 0)
                 tl.store(O + b * sob + h * soh + offs_d * sod, _cast(out, O.dtype.element_ty))
-    if (pos >= N) & (split == 0):  # past the cache: a NaN output, nothing written
-        tl.store(O + b * sob + h * soh + offs_d * sod, tl.full([HEAD_DIM], float("nan"), O.dtype.element_ty))
+    # past the cache: a NaN output, nothing written
+    if (pos >= N) & (split == 0):
+        nan = tl.full([HEAD_DIM], float("nan"), O.dtype.element_ty)
+        tl.store(O + b * sob + h * soh + offs_d * sod, nan)
 
 
 # -----------------------------------------------------------------------------
-# Autograd: one torch.library custom op, eager and under torch.compile (one opaque node there: no graph
-# break; the fake gives the shapes), with an autograd formula that calls the backward op.
+# Custom ops (torch.library) for the forward and the backward, eager and under torch.compile (one
+# opaque node there: no graph break; the fakes give the shapes), and the decoding step's under
+# torch.compile. The forward's autograd formula calls the backward op.
 
 @torch.library.custom_op("pope_kernel::fwd", mutates_args=())
-def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: torch.Tensor, theta: torch.Tensor,
-            causal: bool, sm_scale: float, q_offset: int, tune: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _fwd_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: torch.Tensor, theta: torch.Tensor,
+    causal: bool, sm_scale: float, q_offset: int, tune: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     return _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, tune)
 
 
@@ -589,9 +686,11 @@ def _(q, k, v, delta, theta, causal, sm_scale, q_offset, tune):
 
 
 @torch.library.custom_op("pope_kernel::bwd", mutates_args=())
-def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: torch.Tensor,
-            theta: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, causal: bool, sm_scale: float,
-            q_offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _bwd_op(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, delta: torch.Tensor,
+    theta: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    causal: bool, sm_scale: float, q_offset: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset)
 
 
@@ -608,111 +707,140 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # (lse's gradient, never used, is not made)
 
 
-def _backward(ctx, dout, dlse):  # dq, dk, dv, ddelta; theta and the plain arguments get none
+def _backward(ctx, dout, dlse):
+    """dq, dk, dv, ddelta; theta and the plain arguments get none."""
     return *_bwd_op(dout, *ctx.saved_tensors, *ctx.args), None, None, None, None, None
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+@torch.library.custom_op("pope_kernel::decode", mutates_args=("k_cache", "v_cache", "counts"))
+def _decode_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    pos: torch.Tensor, freq: Optional[torch.Tensor], delta: Optional[torch.Tensor],
+    sm_scale: float, qk_mode: int, splits: int, block_n: int, counts: Optional[torch.Tensor],
+) -> torch.Tensor:
+    return _decode(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, qk_mode, splits, block_n,
+                   counts)
+
+
+@_decode_op.register_fake
+def _(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, qk_mode, splits, block_n, counts):
+    return v_cache.new_empty((*k_cache.shape[:2], 1, v_cache.size(-1)))
+
+
 # -----------------------------------------------------------------------------
 # Launch helpers: configs autotuned on the GPU, small and fixed under the interpreter
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim (32 uses 64's); the first is POPE_AUTOTUNE=0's and
-# forward-only calls'. Each list: the fastest of sweeps on an H200, timed in place in a forward+backward
-# (results/kernel.md), and runners-up that stayed close at every shape. One config leads at every shape in
-# D=128's forward and in dq; dq is not autotuned (at D=64 the autotuner, timing dq alone with a cold L2,
-# picked one 10% slower).
-_BLOCKS = {
-    "fwd": {64: [(128, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (64, 128, 4, 2),
-                 (128, 128, 8, 3)],
-            128: [(128, 64, 8, 3)]},
-    "dkdv": {64: [(64, 64, 4, 3), (64, 64, 4, 2), (64, 128, 8, 3), (32, 64, 4, 3)],
-             128: [(64, 64, 8, 3), (32, 128, 8, 3)]},
-    "dq": {64: [(64, 64, 4, 3)], 128: [(128, 32, 8, 3)]},
-}
-_DECODE_FWD = (16, 64, 4, 3)  # query chunks of <= 16 rows (a few tokens against a long cache): one config
-_AUTOTUNE = not _INTERPRET and os.environ.get("POPE_AUTOTUNE", "1") != "0"
 _LOG2E = 1.4426950408889634
 
 
-def _autotuned(kernel, kind, **kw):
-    # every head dim's configs, pruned to the launch's head dim's (no attributes of our own on a Config:
-    # with cache_results, which keeps a shape's winner on disk, Triton rebuilds it from its __dict__)
-    configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-               for bm, bn, w, s in sorted({b for D in _BLOCKS[kind] for b in _BLOCKS[kind][D]})]
-
-    def prune(configs, named_args, **kwargs):
-        want = _BLOCKS[kind][max(kwargs["HEAD_DIM"], 64)]
-        return [c for c in configs
-                if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in want]
-
-    return triton.autotune(configs, key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "CAUSAL"], cache_results=True,
-                           prune_configs_by={"early_config_prune": prune}, **kw)(kernel)
-
-
-_pope_fwd_tuned = _autotuned(_pope_fwd, "fwd")
-_pope_bwd_dkdv_tuned = _autotuned(_pope_bwd_dkdv, "dkdv", reset_to_zero=["DDP"])  # (each trial sums from 0)
-
-
 def _launch(kernel, tuned, blocks, grid, args, kwargs):
-    """kernel[grid](...) with blocks = (BLOCK_M, BLOCK_N, warps, stages), or where blocks is None and
-    autotuning is on, its autotuner `tuned`'s pick; 16x16 blocks under the interpreter. Returns BLOCK_N."""
+    """kernel[grid](...) with blocks = (BLOCK_M, BLOCK_N, warps, stages), or where blocks is None
+    and autotuning is on, its autotuner `tuned`'s pick; 16x16 blocks under the interpreter. Returns
+    BLOCK_N."""
     if blocks is None and _AUTOTUNE:
         tuned[grid](*args, **kwargs)
         return tuned.best_config.kwargs["BLOCK_N"]
-    meta = dict(BLOCK_M=16, BLOCK_N=16) if _INTERPRET else dict(zip(("BLOCK_M", "BLOCK_N", "num_warps",
-                                                                     "num_stages"), blocks))
+    if _INTERPRET:
+        meta = dict(BLOCK_M=16, BLOCK_N=16)
+    else:
+        meta = dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), blocks))
     kernel[grid](*args, **kwargs, **meta)
     return meta["BLOCK_N"]
 
 
 def _grid(pairs, T, block):
-    """The attention kernels' grid: (batch, head) pairs on axis 0, blocks of T on axis 1. The GPU starts
-    programs in grid order, axis 0 fastest; each kernel numbers its blocks so that those with the most work
-    under the causal mask start first (the forward's and dq's last query blocks, dk/dv's first key blocks)
-    and the light ones fill the tail: forward+backward 6-8% faster than per-pair order at 1k and 4k."""
+    """The attention kernels' grid: (batch, head) pairs on axis 0, blocks of T on axis 1. The GPU
+    starts programs in grid order, axis 0 fastest; each kernel numbers its blocks so that those with
+    the most work under the causal mask start first (the forward's and dq's last query blocks,
+    dk/dv's first key blocks) and the light ones fill the tail (results/kernel.md, "Heavy-first
+    grids")."""
     return lambda meta: (pairs, triton.cdiv(T, meta[block]))
 
 
-def _empty(shape, like, dtype=None):  # (the CPU tests fill it with NaN: every element must be written)
+def _empty(shape, like, dtype=None):
+    """torch.empty as `like` (the CPU tests fill it with NaN: every element must be written)."""
     return torch.empty(shape, device=like.device, dtype=dtype or like.dtype)
 
 
-def _bthd(x):  # empty, shaped as the (B, H, T, D) x but laid out (B, T, H, D) as SDPA's outputs are: the
-    return _empty(x.transpose(1, 2).shape, x).transpose(1, 2)  # model's y.transpose(1, 2) is then contiguous
+def _bthd(x):
+    """Empty, shaped as the (B, H, T, D) x but laid out (B, T, H, D) as SDPA's outputs are: the
+    model's y.transpose(1, 2) is then contiguous."""
+    return _empty(x.transpose(1, 2).shape, x).transpose(1, 2)
 
 
-def _on_device(x):  # Triton launches on the current CUDA device, whatever the tensors' device
-    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+def _on_device(x):
+    """Triton launches on the current CUDA device, whatever the tensors' device: make it x's."""
+    if x.is_cuda:
+        return torch.cuda.device(x.device)
+    return contextlib.nullcontext()
+
+
+def _training_constexprs(q, causal):
+    """The training kernels' constexprs (float32 dots in IEEE, not tf32)."""
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    return dict(HEAD_DIM=q.size(-1), CAUSAL=causal, DOT_PREC=prec)
 
 
 def _cartesian(x, theta, delta, pos0, o=None, do=None):
-    """The pre-pass: (B, H, T, 2D) Cartesian x in x's dtype; given o and do, also rowsum(dO*O) (B, H, T)."""
+    """The pre-pass: (B, H, T, 2D) Cartesian x in x's dtype; given o and do, also rowsum(dO*O)
+    (B, H, T)."""
     B, H, T, D = x.shape
     xc = _empty((B, H, T, 2 * D), x)
-    di = _empty((B, H, T), x, torch.float32) if o is not None else xc
-    o_, do_ = (x, x) if o is None else (o, do)
+    with_di = o is not None
+    has_delta = delta is not None
+    # x, xc and theta stand in for the pointers the kernel does not read
+    if with_di:
+        di = _empty((B, H, T), x, torch.float32)
+    else:
+        di = xc
+        o = x
+        do = x
+    if not has_delta:
+        delta = theta
     _cartesian_kernel[(triton.cdiv(T, 64), B * H)](
-        x, xc, theta, theta if delta is None else delta, o_, do_, di, *x.stride(), *o_.stride(),
-        *do_.stride(), H, T, pos0, HEAD_DIM=D, BLOCK_T=64, HAS_DELTA=delta is not None,
-        WITH_DI=o is not None, num_warps=4)
-    return xc if o is None else (xc, di)
+        x, xc, theta, delta, o, do, di,
+        *x.stride(),
+        *o.stride(),
+        *do.stride(),
+        H, T, pos0,
+        HEAD_DIM=D,
+        BLOCK_T=64,
+        HAS_DELTA=has_delta,
+        WITH_DI=with_di,
+        num_warps=4,
+    )
+    if with_di:
+        return xc, di
+    return xc
 
 
 def _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, tune):
+    """The forward: out and lse, each row's log2-sum-exp (float32), which the backward reads."""
     B, H, Tq, D = q.shape
     Tk = k.size(2)
-    # short query chunks (decoding) and calls without gradients (inference, eval) run a fixed config:
-    # tuning every new (Tq, Tk) bucket would cost seconds per new length
-    blocks = _DECODE_FWD if Tq <= 16 else None if _AUTOTUNE and tune else _BLOCKS["fwd"][max(D, 64)][0]
+    # short query chunks (decoding) and calls without gradients (inference, eval) run a fixed
+    # config: tuning every new (Tq, Tk) bucket would cost seconds per new length
+    if Tq <= 16:
+        blocks = _DECODE_FWD
+    elif _AUTOTUNE and tune:
+        blocks = None
+    else:
+        blocks = _BLOCKS["fwd"][max(D, 64)][0]
     with _on_device(q):
-        out, lse = _bthd(q), _empty((B, H, Tq), q, torch.float32)
+        out = _bthd(q)
+        lse = _empty((B, H, Tq), q, torch.float32)
         kc = _cartesian(k, theta, delta, 0)
-        args = (q, kc, v, out, lse, theta, *q.stride(), *v.stride(), *out.stride(), sm_scale * _LOG2E, H, Tq,
-                Tk, q_offset, triton.next_power_of_2(Tq), triton.next_power_of_2(Tk))
+        args = (q, kc, v, out, lse, theta,
+                *q.stride(),
+                *v.stride(),
+                *out.stride(),
+                sm_scale * _LOG2E, H, Tq, Tk, q_offset,
+                triton.next_power_of_2(Tq), triton.next_power_of_2(Tk))
         _launch(_pope_fwd, _pope_fwd_tuned, blocks, _grid(B * H, Tq, "BLOCK_M"), args,
-                dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32"))
+                _training_constexprs(q, causal))
     return out, lse
 
 
@@ -720,57 +848,83 @@ def _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
     """dq, dk, dv and ddelta (float32)."""
     B, H, Tq, D = q.shape
     Tk = k.size(2)
-    consts = (sm_scale, sm_scale * _LOG2E, H, Tq, Tk, q_offset, triton.next_power_of_2(Tq),
-              triton.next_power_of_2(Tk))
-    kwargs = dict(HEAD_DIM=D, CAUSAL=causal, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32")
-    dkdv_blocks = None if _AUTOTUNE else _BLOCKS["dkdv"][max(D, 64)][0]
+    consts = (sm_scale, sm_scale * _LOG2E, H, Tq, Tk, q_offset,
+              triton.next_power_of_2(Tq), triton.next_power_of_2(Tk))
+    kwargs = _training_constexprs(q, causal)
+    dkdv_blocks = None
+    if not _AUTOTUNE:
+        dkdv_blocks = _BLOCKS["dkdv"][max(D, 64)][0]
     with _on_device(q):
-        # The 2D-long queries (with rowsum(dO*O)) and keys come from pre-passes and serve both kernels:
-        # loaded, not made in registers, they leave the kernels fewer registers to spill (results/kernel.md)
-        dk, dv = _bthd(k), _bthd(v)
+        # The 2D-long queries (with rowsum(dO*O)) and keys come from pre-passes and serve both
+        # kernels: loaded, not made in registers, they leave the kernels fewer registers to spill
+        # (results/kernel.md)
+        dk = _bthd(k)
+        dv = _bthd(v)
         # ddelta partials: a launch writes the first cdiv(Tk, BLOCK_N) rows, blocks outermost: one
-        # contiguous (blocks * B, H * D) matrix, summed over its rows
-        ddp = _empty((triton.cdiv(Tk, 16), B * H, D), q, torch.float32)  # (16: the smallest BLOCK_N)
+        # contiguous (blocks * B, H * D) matrix, summed over its rows. 16: the smallest BLOCK_N
+        ddelta_parts = _empty((triton.cdiv(Tk, 16), B * H, D), q, torch.float32)
         qc, di = _cartesian(q, theta, None, q_offset, o=out, do=do)
         kc = _cartesian(k, theta, delta, 0)
-        block_n = _launch(_pope_bwd_dkdv, _pope_bwd_dkdv_tuned, dkdv_blocks, _grid(B * H, Tk, "BLOCK_N"),
-                          (k, v, qc, do, lse, di, dk, dv, ddp, kc, theta, delta, *k.stride(), *v.stride(),
-                           *do.stride(), *dk.stride(), *dv.stride(), *consts), kwargs)
+        dkdv_args = (k, v, qc, do, lse, di, dk, dv, ddelta_parts, kc, theta, delta,
+                     *k.stride(),
+                     *v.stride(),
+                     *do.stride(),
+                     *dk.stride(),
+                     *dv.stride(),
+                     *consts)
+        block_n = _launch(_pope_bwd_dkdv, _pope_bwd_dkdv_tuned, dkdv_blocks,
+                          _grid(B * H, Tk, "BLOCK_N"), dkdv_args, kwargs)
         dq = _bthd(q)
+        dq_args = (q, qc, kc, v, do, lse, di, dq, theta,
+                   *q.stride(),
+                   *v.stride(),
+                   *do.stride(),
+                   *dq.stride(),
+                   *consts)
         _launch(_pope_bwd_dq, None, _BLOCKS["dq"][max(D, 64)][0], _grid(B * H, Tq, "BLOCK_M"),
-                (q, qc, kc, v, do, lse, di, dq, theta, *q.stride(), *v.stride(), *do.stride(), *dq.stride(),
-                 *consts), kwargs)
+                dq_args, kwargs)
     # a fixed-order reduction (no atomics): bitwise the same every run
-    ddelta = ddp[:triton.cdiv(Tk, block_n)].view(-1, H * D).sum(0).view(H, D)
+    ddelta = ddelta_parts[:triton.cdiv(Tk, block_n)].view(-1, H * D).sum(0).view(H, D)
     return dq, dk, dv, ddelta
 
 
-@torch.library.custom_op("pope_kernel::decode", mutates_args=("k_cache", "v_cache", "counts"))
-def _decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-               v_cache: torch.Tensor, pos: torch.Tensor, freq: Optional[torch.Tensor],
-               delta: Optional[torch.Tensor], sm_scale: float, turn: int, splits: int, block_n: int,
-               counts: Optional[torch.Tensor]) -> torch.Tensor:
+def _decode(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, qk_mode, splits, block_n,
+            counts):
+    """The decoding kernel's one launch: `splits` programs a (batch, head)."""
     B, H, N, Dk = k_cache.shape
     D = v_cache.size(-1)
+    # the caches and pos stand in for the pointers the kernel does not read
+    if freq is None:
+        freq = k_cache
+    if delta is None:
+        delta = k_cache
+    if counts is None:
+        counts = pos
     with _on_device(k_cache):
         out = _empty((B, H, 1, D), v_cache)
         # one chunk: its program writes the output, no partials, no count
-        part = out if splits == 1 else _empty((B * H, splits, D + 2), v_cache, torch.float32)
-        # (the caches stand in for the pointers the kernel does not read)
-        freq, delta = (k_cache if x is None else x for x in (freq, delta))
+        part = out
+        if splits > 1:
+            part = _empty((B * H, splits, D + 2), v_cache, torch.float32)
         _decode_split_kernel[(splits, B * H)](
-            q, k, v, k_cache, v_cache, pos, part, pos if counts is None else counts, out, freq, delta,
-            q.stride(0), q.stride(1), q.stride(3), k.stride(0), k.stride(1), k.stride(3), v.stride(0),
-            v.stride(1), v.stride(3), *k_cache.stride(), *v_cache.stride(), out.stride(0), out.stride(1),
-            out.stride(3), delta.stride(0), H, N, splits, sm_scale * _LOG2E, KEY_DIM=Dk, HEAD_DIM=D,
-            BLOCK_N=block_n, TURN=turn, FINAL=splits == 1, SPLITS_POW2=triton.next_power_of_2(splits),
-            num_warps=4)
+            q, k, v, k_cache, v_cache, pos, part, counts, out, freq, delta,
+            q.stride(0), q.stride(1), q.stride(3),
+            k.stride(0), k.stride(1), k.stride(3),
+            v.stride(0), v.stride(1), v.stride(3),
+            *k_cache.stride(),
+            *v_cache.stride(),
+            out.stride(0), out.stride(1), out.stride(3),
+            delta.stride(0),
+            H, N, splits, sm_scale * _LOG2E,
+            KEY_DIM=Dk,
+            HEAD_DIM=D,
+            BLOCK_N=block_n,
+            MODE=qk_mode,
+            FINAL=splits == 1,
+            SPLITS_POW2=triton.next_power_of_2(splits),
+            num_warps=4,
+        )
     return out
-
-
-@_decode_op.register_fake
-def _(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, turn, splits, block_n, counts):
-    return v_cache.new_empty((*k_cache.shape[:2], 1, v_cache.size(-1)))
 
 
 # -----------------------------------------------------------------------------
@@ -785,69 +939,79 @@ _SUPPORTED = ("the PoPE Triton kernel takes CUDA tensors (or CPU tensors under T
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _capability(dev):  # a CUDA device's compute capability; (99, 0) where there is none to ask
-    if dev.type != "cuda" or _INTERPRET or torch.version.hip is not None or torch.compiler.is_compiling():
+def _capability(dev):
+    """A CUDA device's compute capability; (99, 0) where there is none to ask."""
+    if (dev.type != "cuda" or _INTERPRET or torch.version.hip is not None
+            or torch.compiler.is_compiling()):
         return (99, 0)
     return torch.cuda.get_device_capability(dev)
 
 
-def _check_shapes(q, k, v, delta, q_offset, theta=None):
-    B, H, Tq, D = q.shape if q.dim() == 4 else (None,) * 4
-    if q.dim() != 4 or k.dim() != 4 or k.shape[:2] != (B, H) or k.size(-1) != D or v.shape != k.shape:
-        raise ValueError(f"q must be (B, H, Tq, D), k and v (B, H, Tk, D); got q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+def kernel_unsupported_reason(q, k, v, delta, theta=None, q_offset=0):
+    """None if pope_attention takes these inputs, else why not: the kernel's one support check,
+    which pope_attention asks too (model.py asks it to choose its path)."""
+    if (q.dim() != 4 or k.dim() != 4 or k.shape[:2] != q.shape[:2] or k.size(-1) != q.size(-1)
+            or v.shape != k.shape):
+        return (f"q must be (B, H, Tq, D), k and v (B, H, Tk, D); got q {tuple(q.shape)}, "
+                f"k {tuple(k.shape)}, v {tuple(v.shape)}; {_SUPPORTED}")
+    B, H, Tq, D = q.shape
+    Tk = k.size(2)
     if delta.shape != (H, D):
-        raise ValueError(f"delta must be (H={H}, D={D}); got {tuple(delta.shape)}")
-    if q_offset < 0 or Tq > k.size(2):
-        raise ValueError(f"need q_offset >= 0 and Tq <= Tk; got q_offset={q_offset}, Tq={Tq}, Tk={k.size(2)}")
+        return f"delta must be (H={H}, D={D}); got {tuple(delta.shape)}; {_SUPPORTED}"
+    if q_offset < 0 or Tq > Tk:
+        return (f"need q_offset >= 0 and Tq <= Tk; got q_offset={q_offset}, Tq={Tq}, Tk={Tk}; "
+                f"{_SUPPORTED}")
     if theta is not None and theta.shape != (D,):
-        raise ValueError(f"theta must be (D={D},); got {tuple(theta.shape)}")
-
-
-def kernel_unsupported_reason(q, k, v, delta):
-    """None if the kernel can take these inputs, else why not (model.py then runs its PyTorch path)."""
-    try:
-        _check_shapes(q, k, v, delta, 0)
-    except ValueError as e:
-        return f"{e}; {_SUPPORTED}"
+        return f"theta must be (D={D},); got {tuple(theta.shape)}"
     dev = q.device
-    if {k.device, v.device, delta.device} != {dev} or dev.type not in ("cuda", "cpu" if _INTERPRET else ""):
+    devices = ("cuda", "cpu") if _INTERPRET else ("cuda",)
+    if {k.device, v.device, delta.device} != {dev} or dev.type not in devices:
         return f"got tensors on {dev}, {k.device}, {v.device}, {delta.device}; {_SUPPORTED}"
-    if q.dtype not in _DTYPES or not (k.dtype == v.dtype == q.dtype) or not delta.dtype.is_floating_point:
+    dtypes_ok = k.dtype == v.dtype == q.dtype and delta.dtype.is_floating_point
+    if q.dtype not in _DTYPES or not dtypes_ok:
         return f"got q, k, v, delta in {q.dtype}, {k.dtype}, {v.dtype}, {delta.dtype}; {_SUPPORTED}"
-    if q.size(-1) not in (32, 64, 128) or q.numel() == 0 or k.numel() == 0:
-        return f"got q {tuple(q.shape)}, k {tuple(k.shape)} (head dim {q.size(-1)}); {_SUPPORTED}"
+    if D not in (32, 64, 128) or q.numel() == 0 or k.numel() == 0:
+        return f"got q {tuple(q.shape)}, k {tuple(k.shape)} (head dim {D}); {_SUPPORTED}"
     if _capability(dev) < (8, 0):
-        return f"the GPU has compute capability {_capability(dev)}, the kernel needs 8.0+; {_SUPPORTED}"
+        return (f"the GPU has compute capability {_capability(dev)}, the kernel needs 8.0+; "
+                f"{_SUPPORTED}")
     return None
 
 
-def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offset=0):
-    """PoPE attention through the fused Triton kernel: the contract of model.pope_attention_torch, with the
-    frequencies theta = model.pope_frequencies(D) given instead of their base (delta and theta used as given).
-    Raises PopeKernelUnsupported, a ValueError, for input the kernel does not take."""
-    _check_shapes(q, k, v, delta, q_offset, theta)
-    reason = kernel_unsupported_reason(q, k, v, delta)
-    if reason is not None:
-        raise PopeKernelUnsupported(f"{reason} (model.py's attn_impl='auto' or 'torch' runs its PyTorch path)")
-    # the kernels read delta and theta as contiguous float32 (model.py hands them so: then nothing runs
-    # here); the cast is outside the op, so that autograd maps ddelta back
+def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offset=0,
+                   checked=False):
+    """PoPE attention through the fused Triton kernel: the contract of model.pope_attention_torch,
+    with the frequencies theta = model.pope_frequencies(D) given instead of their base (delta and
+    theta used as given). Raises PopeKernelUnsupported, a ValueError, for input the kernel does not
+    take, unless checked: the caller had None from kernel_unsupported_reason (model.py's 'auto')."""
+    if not checked:
+        reason = kernel_unsupported_reason(q, k, v, delta, theta, q_offset)
+        if reason is not None:
+            raise PopeKernelUnsupported(
+                f"{reason} (model.py's attn_impl='auto' or 'torch' runs its PyTorch path)")
+    # the kernels read delta and theta as contiguous float32 (model.py hands them so: then nothing
+    # runs here); the cast is outside the op, so that autograd maps ddelta back
     delta = delta.to(torch.float32).contiguous()
     theta = theta.to(q.device, torch.float32).contiguous()
     tune = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, delta))
-    sm_scale = 1.0 / math.sqrt(q.size(-1)) if sm_scale is None else sm_scale
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(q.size(-1))
     return _fwd_op(q, k, v, delta, theta, bool(causal), float(sm_scale), int(q_offset), tune)[0]
 
 
 def decode_unsupported_reason(k_cache, v_cache):
     """None if decode_attention takes caches like these, else why not."""
-    supported = ("the decoding kernel takes CUDA caches (or CPU ones under TRITON_INTERPRET=1), (B, H, N, "
-                 "Dk) keys and (B, H, N, D) values in bfloat16, float16 or float32, D and Dk powers of two, "
-                 "16 <= D <= 256, Dk <= 512, on a GPU of compute capability 8.0+")
+    supported = ("the decoding kernel takes CUDA caches (or CPU ones under TRITON_INTERPRET=1), "
+                 "(B, H, N, Dk) keys and (B, H, N, D) values in bfloat16, float16 or float32, "
+                 "D and Dk powers of two, 16 <= D <= 256, Dk <= 512, on a GPU of compute "
+                 "capability 8.0+")
     if k_cache.dim() != 4 or v_cache.dim() != 4 or k_cache.shape[:3] != v_cache.shape[:3]:
         return f"got caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)}; {supported}"
-    dev, D, Dk = k_cache.device, v_cache.size(-1), k_cache.size(-1)
-    if v_cache.device != dev or dev.type not in ("cpu", "cuda") or dev.type == "cpu" and not _INTERPRET:
+    dev = k_cache.device
+    D = v_cache.size(-1)
+    Dk = k_cache.size(-1)
+    devices = ("cuda", "cpu") if _INTERPRET else ("cuda",)
+    if v_cache.device != dev or dev.type not in devices:
         return f"got {dev.type} / {v_cache.device.type} tensors; {supported}"
     if k_cache.dtype not in _DTYPES or v_cache.dtype != k_cache.dtype:
         return f"got {k_cache.dtype} / {v_cache.dtype}; {supported}"
@@ -858,42 +1022,143 @@ def decode_unsupported_reason(k_cache, v_cache):
     return None
 
 
-def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, delta=None, inv_freq=None,
-                     splits=None, block_n=None, counts=None):
-    """k_cache[:, :, pos] = k, v_cache[:, :, pos] = v, then one query per (batch, head) over the slots up to
-    pos: softmax(sm_scale q k_cache[..., :pos+1]^T) v_cache[..., :pos+1], the softmax in float32. q, k
-    (B, H, 1, Dk), v (B, H, 1, D), any strides; pos a one-element integer tensor on the caches' device (read
-    there: CUDA-graph safe); past N nothing is written and the output is NaN. Raw q and k are turned at pos
-    in the kernel: given theta (D,) and delta (H, D) (float32, bounded by model.pope_delta), PoPE over a
-    cache of magnitudes softplus(k); given inv_freq (D/2,), RoPE's rotation. splits and block_n override
-    decode_launch's; counts: B*H int32 zeros that each call's chunks count themselves in and leave at zero
-    (model.KVCache keeps one for all its layers)."""
+def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, delta=None,
+                     inv_freq=None, splits=None, block_n=None, counts=None):
+    """k_cache[:, :, pos] = k, v_cache[:, :, pos] = v, then one query per (batch, head) over the
+    slots up to pos: softmax(sm_scale q k_cache[..., :pos+1]^T) v_cache[..., :pos+1], the softmax in
+    float32. q, k (B, H, 1, Dk), v (B, H, 1, D), any strides; pos a one-element integer tensor on
+    the caches' device (read there: CUDA-graph safe); past N nothing is written and the output is
+    NaN. Raw q and k are turned at pos in the kernel: given theta (D,) and delta (H, D) (float32,
+    bounded by model.pope_delta), PoPE over a cache of magnitudes softplus(k); given inv_freq
+    (D/2,), RoPE's rotation. splits and block_n override decode_launch's; counts: B*H int32 zeros
+    that each call's chunks count themselves in and leave at zero (model.KVCache keeps one for all
+    its layers)."""
     B, H, N, Dk = k_cache.shape
     D = v_cache.size(-1)
-    turn = _POPE if theta is not None else _ROPE if inv_freq is not None else _READY
     ok = q.shape == k.shape == (B, H, 1, Dk) and v.shape == (B, H, 1, D) and pos.numel() == 1
-    if turn == _POPE:
+    qk_mode = _READY.value
+    if theta is not None:
+        qk_mode = _POPE.value
         ok = ok and Dk == D and theta.shape == (D,) and delta is not None and delta.shape == (H, D)
-    if turn == _ROPE:
+    elif inv_freq is not None:
+        qk_mode = _ROPE.value
         ok = ok and Dk == D and inv_freq.shape == (D // 2,)
     if not ok:
-        shapes = [None if x is None else tuple(x.shape) for x in (q, k, v, pos, theta, delta, inv_freq)]
-        raise ValueError(f"caches {tuple(k_cache.shape)}, {tuple(v_cache.shape)} need q, k (B, H, 1, Dk), "
-                         f"v (B, H, 1, D), one pos, and D-wide keys for theta (D,) with delta (H, D) or "
-                         f"inv_freq (D/2,); got q, k, v, pos, theta, delta, inv_freq {shapes}")
+        shapes = [None if x is None else tuple(x.shape)
+                  for x in (q, k, v, pos, theta, delta, inv_freq)]
+        raise ValueError(f"caches {tuple(k_cache.shape)}, {tuple(v_cache.shape)} need q, k "
+                         f"(B, H, 1, Dk), v (B, H, 1, D), one pos, and D-wide keys for theta (D,) "
+                         f"with delta (H, D) or inv_freq (D/2,); got q, k, v, pos, theta, delta, "
+                         f"inv_freq {shapes}")
     if not (splits and block_n):
         picked = decode_launch(k_cache, block_n)
-        splits, block_n = splits or picked["splits"], picked["block_n"]
-    if splits > 1 and counts is None:
+        block_n = picked["block_n"]
+        if not splits:
+            splits = picked["splits"]
+    if splits == 1:
+        counts = None
+    elif counts is None:
         counts = torch.zeros(B * H, device=k_cache.device, dtype=torch.int32)
-    return _decode_op(q, k, v, k_cache, v_cache, pos, theta if turn == _POPE else inv_freq,
-                      delta if turn == _POPE else None, float(sm_scale), turn, splits, block_n,
-                      counts if splits > 1 else None)
+    if qk_mode == _POPE.value:
+        freq = theta
+    else:
+        freq = inv_freq
+        delta = None
+    args = (q, k, v, k_cache, v_cache, pos, freq, delta, float(sm_scale), qk_mode, splits, block_n,
+            counts)
+    if torch.compiler.is_compiling():  # one opaque node for the compiler
+        return _decode_op(*args)
+    # eager and CUDA graphs launch directly: a custom op's first call imports torch._dynamo,
+    # seconds of sample.py's start (results/sample/README.md)
+    return _decode(*args)
 
 
 def decode_launch(k_cache, block_n=None):
-    """dict(splits, block_n): the launch decode_attention picks for caches of k_cache's shape (given block_n,
-    the splits it picks with it), the same at every pos: model.KVCache asks once and passes both in."""
+    """dict(splits, block_n): the launch decode_attention picks for caches of k_cache's shape (given
+    block_n, the splits it picks with it), the same at every pos: model.KVCache asks once and passes
+    both in."""
     B, H, N, Dk = k_cache.shape
-    block_n = block_n or max(16, _DECODE_TILE // Dk)
-    return dict(splits=min(triton.cdiv(N, block_n), triton.cdiv(_DECODE_PROGRAMS, B * H)), block_n=block_n)
+    if not block_n:
+        block_n = max(16, _DECODE_TILE // Dk)
+    splits = min(triton.cdiv(N, block_n), triton.cdiv(_DECODE_PROGRAMS, B * H))
+    return dict(splits=splits, block_n=block_n)
+
+
+# -----------------------------------------------------------------------------
+# Interpreter shims (TRITON_INTERPRET=1, the CPU tests): Triton 3.6's interpreter differs from the
+# GPU in a few places; each shim takes the GPU's path when compiled. They can come after the
+# kernels that call them: a @triton.jit function looks its globals up when it first runs, not when
+# decorated.
+
+_INTERPRETED = tl.constexpr(_INTERPRET)
+
+
+@triton.jit
+def _dot(a, b, acc, DOT_PREC: tl.constexpr):
+    """The interpreter multiplies bf16 tiles as raw uint16 bits: there every dot takes
+    float32 operands (exact for bf16/fp16 values, as on tensor cores)."""
+    if _INTERPRETED:
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        acc = tl.dot(a, b, acc, input_precision=DOT_PREC)
+    return acc
+
+
+def _interpreter_int(x):
+    if hasattr(x, "handle"):
+        return int(x.handle.data.reshape(-1)[0])
+    return int(x)
+
+
+if hasattr(triton, "constexpr_function"):  # lets compiled kernels name it
+    _interpreter_int = triton.constexpr_function(_interpreter_int)
+
+
+@triton.jit
+def _loop_bounds(lo, hi):
+    """The interpreter keeps scalars as 1-element arrays, which numpy >= 2.4
+    no longer takes as a range() bound, and turns every value assigned to a name back into one: the
+    loops take (lo, hi) from here."""
+    if _INTERPRETED:
+        bounds = (_interpreter_int(lo), _interpreter_int(hi))
+    else:
+        bounds = (lo, hi)
+    return bounds
+
+
+@triton.jit
+def _cast(x, dtype):
+    """The interpreter truncates float32 -> bf16 (the GPU rounds to nearest even),
+    which doubles bf16 errors in the CPU tests: round first, with integer ops, so that its
+    truncation is exact."""
+    if _INTERPRETED:
+        if dtype == tl.bfloat16:
+            b = x.to(tl.float32).to(tl.uint32, bitcast=True)
+            b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+            x = b.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _fma(a, b, c):
+    """The interpreter rounds an fma's product to float32 first (a phase of
+    8000 would lose ~1e-4 rad): there in float64, exact as the GPU's fma is for _cos_sin's
+    operands."""
+    if _INTERPRETED:
+        r = (c.to(tl.float64) + a.to(tl.float64) * b).to(tl.float32)
+    else:
+        r = tl.fma(a, b, c)
+    return r
+
+
+@triton.jit
+def _fast_cos_sin(r):
+    """cos and sin for |r| <= pi: the GPU's sin.approx/cos.approx; the interpreter has only
+    numpy's."""
+    if _INTERPRETED:
+        c = tl.cos(r)
+        s = tl.sin(r)
+    else:
+        c = libdevice.fast_cosf(r)
+        s = libdevice.fast_sinf(r)
+    return c, s

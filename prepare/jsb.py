@@ -221,13 +221,12 @@ def save_sample(ids, meta, path_without_ext):
     equal consecutive pitches of a voice are joined into one held note) when
     symusic (installed with miditok) is present, else the text piano roll.
     Returns the written path."""
-    path = Path(path_without_ext)
     try:
         import symusic
     except ImportError:
-        out = path.with_suffix(".txt")
-        out.write_text(decode(ids, meta), encoding="utf-8")
-        return str(out)
+        with common.output_file(f"{path_without_ext}.txt") as f:
+            f.write(decode(ids, meta).encode("utf-8"))
+        return f"{path_without_ext}.txt"
     steps = [s for g in _split_groups(ids) for s in g if len(s) == 4]
     score = symusic.Score(480)
     tick = 120
@@ -242,9 +241,9 @@ def save_sample(ids, meta, path_without_ext):
                     track.notes.append(symusic.Note(start * tick, (t - start) * tick, cur, 80))
                 start, cur = t, pitch
         score.tracks.append(track)
-    out = path.with_suffix(".mid")
-    score.dump_midi(str(out))
-    return str(out)
+    with common.output_file(f"{path_without_ext}.mid") as f:  # whole or not at all (a full disk)
+        f.write(score.dumps_midi())
+    return f"{path_without_ext}.mid"
 
 
 # -----------------------------------------------------------------------------

@@ -44,6 +44,7 @@ transposing the MIDI, which tests check); one that would push a note out of
 """
 
 import csv
+import io
 import os
 import sys
 import zipfile
@@ -200,13 +201,14 @@ def save_sample(ids, meta, path_without_ext):
     if meta is not None and meta.get("itos") and meta["itos"] != itos_of(tok):
         raise common.PrepareError("meta.json's vocabulary differs from this miditok's REMI vocabulary")
     ids = [int(i) for i in ids if int(i) not in (PAD, BOS, EOS)]
-    out = Path(path_without_ext).with_suffix(".mid")
+    out = f"{path_without_ext}.mid"
     score = tok.decode([ids])
-    score.dump_midi(str(out))
+    with common.output_file(out) as f:  # whole or not at all (a full disk)
+        f.write(score.dumps_midi())
     if not any(len(t.notes) for t in score.tracks):  # (an untrained model's tokens, say): silent, but not silently
         common.log(f"warning: {out} has no notes: no Pitch, Velocity, Duration group among the sample's {len(ids)} "
                    "tokens (an untrained model's output?); written anyway")
-    return str(out)
+    return out
 
 
 # -----------------------------------------------------------------------------
@@ -223,8 +225,8 @@ def find_csv(folder):
 
 
 def read_rows(csv_path):
-    with open(csv_path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+    text = common.utf8(Path(csv_path).read_bytes(), csv_path)
+    rows = list(csv.DictReader(io.StringIO(text, newline="")))
     if not rows:
         raise common.PrepareError(f"{csv_path} lists no MIDI files (empty input)")
     for col in ("split", "midi_filename"):

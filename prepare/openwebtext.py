@@ -103,7 +103,7 @@ def iter_documents(files, text_field="text", txt_doc_sep="\n\n\n"):
     """Yield every document's text, in file order."""
     for path in files:
         if path.suffix.lower() == ".txt":
-            text = path.read_text(encoding="utf-8")
+            text = common.utf8(path.read_bytes(), path)
             if txt_doc_sep:
                 text = text.rstrip("\n")
                 docs = text.split(txt_doc_sep) if text else []
@@ -111,8 +111,11 @@ def iter_documents(files, text_field="text", txt_doc_sep="\n\n\n"):
                 docs = [text] if text else []
             yield from (d for d in docs if d.strip())
         else:
-            with open(path, encoding="utf-8") as f:
-                for lineno, line in enumerate(f, 1):
+            with open(path, "rb") as f:
+                offset = 0
+                for lineno, raw in enumerate(f, 1):
+                    line = common.utf8(raw, path, offset)
+                    offset += len(raw)
                     if not line.strip():
                         continue
                     try:

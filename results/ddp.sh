@@ -19,9 +19,9 @@
 #          scaling-<pe>-<n>gpu[-acc4].log, .../metrics.jsonl   the scaling runs
 #          curves-<n>gpu-seed<S>.log, .../metrics.jsonl        the loss-curve runs
 #          curves-resume-seed1337-{a,b}.log, curves-resume-seed1337/metrics.jsonl
-#          summary-scaling.md, summary-curves.md    python results/summarize.py over the runs
 #          env.txt                                  GPUs, versions, topology (nvidia-smi topo -m)
-#          (the 124M checkpoints are deleted at the end)
+#          (the 124M checkpoints are deleted at the end; RESULTS.md's table of these runs, 1 GPU
+#          against 2 by seed, is to be made by results/summarize.py once they are in git)
 # Settings (environment variables):
 #   PART="scaling curves"
 #   DATASET=owt       a dataset under data/ (made here only when it is owt)
@@ -77,13 +77,6 @@ dist.barrier(); dist.destroy_process_group()' 2>&1 | tee $OUT/allreduce.log
         > $OUT/scaling-pope-1gpu-acc4.log 2>&1
     $TWO train.py $BASE $S --gradient_accumulation_steps=4 --out_dir=$OUT/scaling-pope-2gpu-acc4 \
         > $OUT/scaling-pope-2gpu-acc4.log 2>&1
-    echo "1 GPU (A) vs 2 GPUs (B): the speed-up is tokens/s B / A (at 16 x 1024 per GPU, B's global batch is twice A's)" \
-        > $OUT/summary-scaling.md
-    python results/summarize.py --diff $OUT/scaling-pope-{1,2}gpu/metrics.jsonl $OUT/scaling-rope-{1,2}gpu/metrics.jsonl \
-        $OUT/scaling-pope-{1,2}gpu-acc4/metrics.jsonl >> $OUT/summary-scaling.md
-    echo >> $OUT/summary-scaling.md
-    python results/summarize.py $OUT/scaling-*/metrics.jsonl >> $OUT/summary-scaling.md
-    cat $OUT/summary-scaling.md
 fi
 
 if [[ $PART == *curves* ]]; then
@@ -105,15 +98,5 @@ if [[ $PART == *curves* ]]; then
     R=$OUT/curves-resume-seed1337
     $TWO train.py $BASE $C --seed=1337 --max_iters=100 --out_dir=$R > $R-a.log 2>&1
     $TWO train.py --out_dir=$R --init_from=resume --max_iters=200 $EXTRA > $R-b.log 2>&1
-
-    D=$OUT/curves
-    { python results/summarize.py --diff $D-1gpu-seed1337/metrics.jsonl $D-2gpu-seed1337/metrics.jsonl \
-          $D-1gpu-seed1338/metrics.jsonl $D-2gpu-seed1338/metrics.jsonl \
-          $D-1gpu-seed1337/metrics.jsonl $D-1gpu-seed1338/metrics.jsonl \
-          $D-2gpu-seed1337/metrics.jsonl $D-2gpu-seed1338/metrics.jsonl
-      echo; python results/summarize.py --curve $D-*/metrics.jsonl
-      echo; echo "resumed run against the uninterrupted one, steps 100-199:"
-      python results/summarize.py --diff --from 100 $R/metrics.jsonl $D-2gpu-seed1337/metrics.jsonl
-    } | tee $OUT/summary-curves.md
 fi
 rm -f $OUT/*/ckpt.pt

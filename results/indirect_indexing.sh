@@ -15,9 +15,10 @@
 #          seed<S>-<pe>/metrics.jsonl  the same as JSON lines (ckpt.pt beside it: the last checkpoint)
 #          seed<S>-<pe>/eval.json      val and test loss and accuracy over the whole splits
 #          seed<S>-<pe>-test.log       that evaluation's output
-#          summary.md                  python results/summarize.py over the eval.json files
 #          frequencies-seed<S..>-<pe..>.{json,png,log}   eval_frequencies.py over this call's checkpoints
-#          env.txt                     date, GPUs, driver, torch and triton versions
+#          env-seed<S..>-<pe..>.txt    the provenance (results/setup.sh)
+#          git keeps each run's .log and eval.json, the env file and the frequency JSON after
+#          python results/summarize.py --slim (results/indirect_indexing/README.md)
 # Settings (environment variables):
 #   OBJECTIVE=target  the training loss on the target letter only (train_mask=True), or
 #             all     on every token of the training rows (train_mask=False); the eval always
@@ -97,7 +98,6 @@ for s in $SEEDS; do
             --eval_full=True --eval_splits=val,test --compile=False > $OUT/$run-test.log 2>&1
     done
 done
-python results/summarize.py $OUT/seed*/eval.json | tee $OUT/summary.md
 
 # which positional frequencies the trained models use (eval_frequencies.py), over the runs of this call whose
 # checkpoint is here, on the first 65,536 tokens of the test split (a window per 52-token row, as train.py reads it)

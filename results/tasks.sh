@@ -10,14 +10,13 @@
 #          23 MB as a .tar.xz). data/genome (chr20: 20 MB) needs only SHARED/genome.
 # Time:    H200: about 5 min for 3 seeds of JSB (6 runs side by side on one GPU).
 # Outputs: results/tasks/
-#          <task>-<pe>-<S>.log             training log
-#          <task>-<pe>-<S>/metrics.jsonl   the same as JSON lines (ckpt.pt: the best-val checkpoint)
-#          <task>-<pe>-<S>-eval.json       val and test NLL and accuracy over the whole splits
-#          <task>-<pe>-<S>-test.log        that evaluation's output
-#          <tasks><TAG>-summary.md         python results/summarize.py over this call's runs, e.g.
-#                                          maestro-genome-short-summary.md for TASKS="maestro genome" TAG=-short
-#          <tasks><TAG>-env.txt            date, GPUs, driver, torch and triton versions
-#          (summary.md and env.txt are those of the JSB runs of RESULTS.md section 2, written before)
+#          <task>-<pe>-<S><TAG>.log             training log
+#          <task>-<pe>-<S><TAG>/metrics.jsonl   the same as JSON lines (ckpt.pt: the best-val checkpoint)
+#          <task>-<pe>-<S><TAG>/eval.json       val and test NLL and accuracy over the whole splits
+#          <task>-<pe>-<S><TAG>-test.log        that evaluation's output
+#          <tasks><TAG>-env.txt                 the provenance (results/setup.sh), e.g.
+#                                               maestro-genome-short-env.txt for TASKS="maestro genome" TAG=-short
+#          git keeps each run's .log and eval.json and the env file (results/tasks/README.md)
 # Settings (environment variables):
 #   TASKS="jsb"       also "maestro" (needs pip install miditok) and "genome": their configs follow
 #                     the paper's models; no run of them is in RESULTS.md, and they take hours
@@ -26,7 +25,7 @@
 #   TAG=""            appended to the run names, for runs with other settings (EXTRA)
 #   SHARED=../shared/data   where the source data lives
 #   EXTRA="--key=value ..."  appended to every train.py call
-# A run whose evaluation (<run>-eval.json) exists is kept, so the script can be stopped and run
+# A run whose evaluation (<run>/eval.json) exists is kept, so the script can be stopped and run
 # again; an unfinished run resumes from its checkpoint (the best-val one where the config keeps
 # only that: the steps after it are run again, on the same batches), or starts again without one.
 set -euo pipefail
@@ -38,7 +37,7 @@ POS_EMBS=${POS_EMBS:-pope rope}
 TAG=${TAG:-}
 EXTRA=${EXTRA:-}
 OUT=results/tasks
-NAME=$(echo $TASKS | tr ' ' -)$TAG  # this call's summary and env file: another call's are kept
+NAME=$(echo $TASKS | tr ' ' -)$TAG  # this call's env file: another call's is kept
 ENV_TXT=$OUT/$NAME-env.txt
 source results/setup.sh  # GPU list, logging, $ENV_TXT
 
@@ -58,7 +57,7 @@ for task in $TASKS; do
     for s in $SEEDS; do
         for pe in $POS_EMBS; do
             run=$task-$pe-$s$TAG
-            [ -f $OUT/$run-eval.json ] && continue
+            [ -f $OUT/$run/eval.json ] && continue
             how=$(start_flag $OUT/$run)
             CUDA_VISIBLE_DEVICES=${GPU[i % ${#GPU[@]}]} python train.py config/$task.py --pos_emb=$pe \
                 --seed=$s --out_dir=$OUT/$run --compile=True $how $EXTRA >> $OUT/$run.log 2>&1 &
@@ -71,20 +70,17 @@ fail=0; for p in "${pids[@]}"; do wait $p || fail=1; done
 
 # evaluate each best-val checkpoint on the whole val and test splits, side by side as the training
 # (one after another, the start of each process, torch, CUDA and the checkpoint, would add up)
-i=0; pids=(); EVALS=()
+i=0; pids=()
 for task in $TASKS; do
     for s in $SEEDS; do
         for pe in $POS_EMBS; do
             run=$task-$pe-$s$TAG
-            EVALS+=($OUT/$run-eval.json)
-            [ -f $OUT/$run-eval.json ] && continue
-            { CUDA_VISIBLE_DEVICES=${GPU[i % ${#GPU[@]}]} python train.py --out_dir=$OUT/$run --init_from=resume \
-                --eval_only=True --eval_full=True --eval_splits=val,test --compile=False $EXTRA > $OUT/$run-test.log 2>&1 &&
-              cp $OUT/$run/eval.json $OUT/$run-eval.json; } &
+            [ -f $OUT/$run/eval.json ] && continue
+            CUDA_VISIBLE_DEVICES=${GPU[i % ${#GPU[@]}]} python train.py --out_dir=$OUT/$run --init_from=resume \
+                --eval_only=True --eval_full=True --eval_splits=val,test --compile=False $EXTRA > $OUT/$run-test.log 2>&1 &
             pids+=($!); i=$((i + 1))
         done
     done
 done
 fail=0; for p in "${pids[@]}"; do wait $p || fail=1; done
 [ $fail = 0 ] || { echo "an evaluation failed: see the <run>-test.log files in $OUT"; exit 1; }
-python results/summarize.py "${EVALS[@]}" | tee $OUT/$NAME-summary.md

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
-from prepare import common  # (conftest.py put the repo root on sys.path)
+import model as model_lib  # (conftest.py put the repo root on sys.path)
+from prepare import common
 
 
 @torch.no_grad()
@@ -121,14 +121,22 @@ def write_rows(folder, row_len, seed, n=(2000, 200), prepare="made by the test")
 NAMES = ["out", "dq", "dk", "dv", "ddelta"]
 
 
+def pope_magnitude_f64(x):
+    """PoPE's magnitudes mu of x in float64, by model.pope_magnitude: the one definition, which every
+    reference follows (a variant edited there is what the tests hold the kernels to)."""
+    return model_lib.pope_magnitude(x.double())
+
+
 def pope_einsum_f64(q, k, v, delta, causal=True, q_offset=0, base=10000.0):
-    """softmax_s((1/sqrt(D)) sum_c mu_q[t,c] mu_k[s,c] cos((s - t) theta_c + delta_c)) v, in float64."""
+    """softmax_s((1/sqrt(D)) sum_c mu_q[t,c] mu_k[s,c] cos((s - t) theta_c + delta_c)) v, in float64;
+    mu = pope_magnitude_f64 (model.py's definition), the rest written out here."""
     B, H, Tq, D = q.shape
     theta = base ** (-torch.arange(D, dtype=torch.float64, device=q.device) / D)
     t = (q_offset + torch.arange(Tq, dtype=torch.float64, device=q.device))[:, None, None]
     s = torch.arange(k.size(2), dtype=torch.float64, device=q.device)[None, :, None]
     ang = (s - t) * theta + delta[:, None, None, :]  # (H, Tq, Tk, D)
-    scores = torch.einsum("bhtc,bhsc,htsc->bhts", F.softplus(q), F.softplus(k), torch.cos(ang)) / math.sqrt(D)
+    mq, mk = pope_magnitude_f64(q), pope_magnitude_f64(k)
+    scores = torch.einsum("bhtc,bhsc,htsc->bhts", mq, mk, torch.cos(ang)) / math.sqrt(D)
     if causal:
         scores = scores.masked_fill(~(s[..., 0] <= t[..., 0]), float("-inf"))
     return torch.softmax(scores, dim=-1) @ v

@@ -35,6 +35,9 @@ def files(tmp_path_factory):
     nan = {k: v.clone() for k, v in ck["model"].items()}
     nan["lm_head.weight"][3, 5] = math.nan
     torch.save({**ck, "model": nan}, d / "nan.pt")
+    inf = {k: v.clone() for k, v in ck["model"].items()}
+    inf["transformer.wte.weight"][2, 7] = -math.inf
+    torch.save({**ck, "model": inf}, d / "inf.pt")
     torch.save({**ck, "config": {"evil": _Payload(str(d / "pwned"))}}, d / "code.pt")
     torch.save(ck["model"], d / "state_dict.pt")
     torch.save(torch.zeros(3, 4), d / "tensor.pt")
@@ -46,7 +49,7 @@ def files(tmp_path_factory):
     return d
 
 
-BAD = ["nan.pt", "code.pt", "state_dict.pt", "tensor.pt", "empty.pt", "cut.pt", "junk.pt", "folder.pt",
+BAD = ["nan.pt", "inf.pt", "code.pt", "state_dict.pt", "tensor.pt", "empty.pt", "cut.pt", "junk.pt", "folder.pt",
        "missing.pt", "flipped.pt"]
 
 

@@ -212,9 +212,10 @@ def test_cli_offline_all_tasks(tiny, shared_data, tmp_path):
 
 
 def test_refusals_come_before_any_work(tiny, tmp_path, monkeypatch):
-    """Exit status 2, one line naming the option or file: before any checkpoint is read, a --data_dir that
-    does not exist or holds none of the asked tasks' files, --limit or --batch_size below 1; before any task
-    runs, a folder as --json, a checkpoint not of a GPT-2 language model or not a checkpoint at all."""
+    """Exit status 2, one line naming the option or file: before any checkpoint is read, a
+    --data_dir that does not exist or holds none of the asked tasks' files, --limit or --batch_size
+    below 1, a --device this machine lacks; before any task runs, a folder as --json, a checkpoint
+    not of a GPT-2 language model or not a checkpoint at all."""
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "piqa.jsonl").write_text("")  # a file of a task not asked for
     ck = torch.load(tiny[0], weights_only=True)
@@ -225,8 +226,10 @@ def test_refusals_come_before_any_work(tiny, tmp_path, monkeypatch):
         m.setattr(ed, "check_checkpoint", lambda path: pytest.fail("read a checkpoint first"))
         for args, named in ((["--data_dir", tmp_path / "nonexistent"], "nonexistent"),
                             (["--data_dir", tmp_path / "other", "--tasks", "cbt,arc_easy"], "other"),
-                            (["--limit", 0], "--limit"), (["--batch_size", 0], "--batch_size")):
-            assert named in script_error(ed.main, ["--ckpt", tiny[0], *args, "--device", "cpu"]), args
+                            (["--limit", 0], "--limit"), (["--batch_size", 0], "--batch_size"),
+                            (["--device", "cuda:64"], "--device")):
+            argv = ["--ckpt", tiny[0], "--device", "cpu", *args]
+            assert named in script_error(ed.main, argv), args
     for args, named in ((["--json", tmp_path], "--json"), (["--ckpt", tiny[0], tmp_path / "char.pt"], "char"),
                         (["--ckpt", tiny[0], tmp_path / "tensor.pt"], "tensor.pt")):
         assert named in script_error(ed.main, ["--ckpt", tiny[0], *args, "--device", "cpu"]), args

@@ -10,11 +10,10 @@ import sys
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 import eval_extrapolation as ex
 import eval_frequencies as ef
-from helpers import script_error
+from helpers import pope_magnitude_f64, script_error
 from model import GPT, GPTConfig, yarn_inv_freq
 
 ITOS = list("abcdefghijklmnop")
@@ -64,12 +63,12 @@ def run(args, tmp_path):
                                       ("rope", dict(rope_scaling=4.0, rope_scaling_orig_len=8))])
 def test_every_number_against_a_float64_reference(data, tmp_path, pe, extra):
     """Frequencies: PoPE's channel c (dim c) at base^(-c/D); RoPE's pair (i, i + D/2) at the model's
-    inv_freq (YaRN's where set), NoPE's at plain RoPE's. mu = softplus(q) (PoPE) or the pair's norm, from
-    projections computed here in float64; weight = the mean over causal pairs s <= t by an explicit mask;
-    share = weight summed over heads, each layer's row normalised. rtol 2e-5: the script runs the model in
-    float32 (on the CPU: no TF32)."""
+    inv_freq (YaRN's where set), NoPE's at plain RoPE's. mu = model.pope_magnitude(q) (PoPE) or the pair's
+    norm, from projections computed here in float64; weight = the mean over causal pairs s <= t by an
+    explicit mask; share = weight summed over heads, each layer's row normalised. rtol 2e-5: the script runs
+    the model in float32 (on the CPU: no TF32)."""
     model = tiny(20, pos_emb=pe, **extra)
-    with torch.no_grad():  # larger weights than the init, so that softplus is far from linear
+    with torch.no_grad():  # larger weights than the init, so that the magnitude is far from linear
         for block in model.transformer.h:
             block.attn.c_attn.weight.mul_(40.0)
     m = run(["--ckpt", save(model, tmp_path / "m.pt"), "--data", data, "--tokens", 48],
@@ -94,7 +93,7 @@ def test_every_number_against_a_float64_reference(data, tmp_path, pe, extra):
         qk = (h @ block.attn.c_attn.weight[:32].T).split(16, -1)
         q, k = (t.view(3, 16, 2, 8).transpose(1, 2) for t in qk)
         if pe == "pope":
-            mq, mk = F.softplus(q), F.softplus(k)
+            mq, mk = pope_magnitude_f64(q), pope_magnitude_f64(k)
         else:
             mq, mk = torch.hypot(q[..., :4], q[..., 4:]), torch.hypot(k[..., :4], k[..., 4:])
         w = torch.einsum("bhtc,ts,bhsc->hc", mq, causal, mk) / (3 * causal.sum())
@@ -173,9 +172,10 @@ def test_outputs_are_checked_before_any_checkpoint_is_read(data, tmp_path, monke
 
 
 @pytest.mark.parametrize("script", [ef, ex])
-def test_refusals_name_the_file_or_option(data, tmp_path, script):
+def test_refusals_name_the_file_or_option(data, tmp_path, monkeypatch, script):
     """Exit status 2 and one line (helpers.script_error) naming the file or option at fault. Each case
     overrides the good arguments (argparse keeps an option's last value)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     ck = save(tiny(0, pos_emb="pope"), tmp_path / "m.pt")
     small = save(tiny(0, pos_emb="pope", vocab_size=8), tmp_path / "small.pt")  # the data holds ids up to 15
     (tmp_path / "short").mkdir()
@@ -186,11 +186,16 @@ def test_refusals_name_the_file_or_option(data, tmp_path, script):
     cases = [(["--ckpt", "nope/ckpt.pt"], "nope/ckpt.pt"), (["--data", "missing.bin"], "missing.bin"),
              (["--data", __file__], "--data"), (["--data", tmp_path / "empty.txt"], "empty.txt"),
              (["--data", tmp_path / "lone.bin"], "meta.json"), (["--data", short], str(short)),
-             (["--labels", "a,b"], "--labels"), (["--ckpt", small], small)]
+             (["--labels", "a,b"], "--labels"), (["--ckpt", small], small),
+             (["--attn_impl", "triton"], "--attn_impl")]  # (err: --device cpu)
     cases += {ef: [(["--tokens", 0], "--tokens"), (["--tokens", 6000], str(data)),
                    (["--ckpt", ck, ck], "--labels")],  # (two series, one label)
               ex: [(["--lengths", "0,32"], "--lengths"), (["--lengths", "1k"], "--lengths"),
                    (["--max_tokens", "10"], "--max_tokens"), (["--max_tokens", "6000"], "--max_tokens"),
-                   (["--yarn_only"], "--yarn_only"), (["--yarn_scale", "0.5"], "--yarn_scale")]}[script]
+                   (["--yarn_only"], "--yarn_only"), (["--yarn_scale", "0.5"], "--yarn_scale"),
+                   (["--yarn_scale", "nan"], "--yarn_scale"),
+                   (["--yarn_scale", "inf"], "--yarn_scale")]}[script]
     for args, named in cases:
         assert named in err(script, ["--ckpt", ck, "--data", data, *args]), args
+    no_gpu = ["--ckpt", ck, "--data", data, "--device", "cuda:64"]  # (no machine has 65 GPUs)
+    assert "--device" in script_error(script.main, no_gpu)

@@ -1,5 +1,6 @@
 """The PoPE Triton kernels on the CPU, under Triton's interpreter, against float64 references written here
-from the formula (not model.py's code), on seeded inputs; every buffer the kernels fill starts as NaN.
+from the formula (not model.py's code, but its one definition of the magnitudes mu, model.pope_magnitude:
+helpers.pope_magnitude_f64), on seeded inputs; every buffer the kernels fill starts as NaN.
 
 Triton reads TRITON_INTERPRET when it is first imported: unless the whole run has TRITON_INTERPRET=1,
 test_interpreter_suite runs this file again in a fresh `python -m pytest` with it set (started at
@@ -13,7 +14,7 @@ import tempfile
 
 import pytest
 import torch
-from helpers import NAMES, large_weights_, pope_einsum_f64, rel_err
+from helpers import NAMES, large_weights_, pope_einsum_f64, pope_magnitude_f64, rel_err
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -28,11 +29,14 @@ if INTERPRETED:  # every buffer the kernels must fill starts as NaN
     pk._empty = lambda *a, **kw: _real_empty(*a, **kw).fill_(float("nan"))
 
 # ||out - ref|| / ||ref|| bounds: (output, dq/dk/dv, ddelta). ddelta sums terms of both signs over batch and
-# positions, so its relative error is the largest (bf16: up to ~1e-2, as PyTorch's own bf16 path).
+# positions, so its relative error is the largest (bf16: up to ~1e-2, as PyTorch's own bf16 path). Where
+# model.py's PyTorch path in the same dtype errs more (a variant with larger scores, e.g. softplus^2
+# magnitudes), twice its error is the bound: the kernel is held to the best that dtype does.
 BOUND = {torch.float32: (2e-5, 2e-5, 4e-5), torch.float16: (2e-3, 3e-3, 6e-3),
          torch.bfloat16: (1e-2, 1e-2, 2e-2)}
 def run_both(B, H, Tq, Tk, D, dtype, seed, causal=True, q_offset=0):
-    """[out, dq, dk, dv, ddelta] of the kernel in dtype and of the float64 reference, on the same inputs."""
+    """[out, dq, dk, dv, ddelta] of the kernel in dtype, of the float64 reference and of model.py's PyTorch
+    path in dtype, on the same inputs."""
     g = torch.Generator().manual_seed(seed)
     q, k, v, do = (torch.randn(B, H, T, D, generator=g) for T in (Tq, Tk, Tk, Tq))
     delta = torch.empty(H, D).uniform_(-8.0, 1.0, generator=g)  # any phase bias: the kernel takes it as given
@@ -43,13 +47,16 @@ def run_both(B, H, Tq, Tk, D, dtype, seed, causal=True, q_offset=0):
         out = fn(*xs, *extra, causal=causal, q_offset=q_offset)
         return [out] + list(torch.autograd.grad(out, xs, do.to(dt)))
 
-    return grads(pk.pope_attention, dtype, pope_frequencies(D)), grads(pope_einsum_f64, torch.float64)
+    return (grads(pk.pope_attention, dtype, pope_frequencies(D)), grads(pope_einsum_f64, torch.float64),
+            grads(pope_attention_torch, dtype))
 
 
-def check(got, ref, dtype, what, factor=1):
-    for name, a, b in zip(NAMES, got, ref):
+def check(got, ref, dtype, what, factor=1, peer=None):
+    for i, (name, a, b) in enumerate(zip(NAMES, got, ref)):
         assert a.shape == b.shape, f"{what}: {name} shape {tuple(a.shape)} != {tuple(b.shape)}"
         bound = BOUND[dtype][0 if name == "out" else 2 if name == "ddelta" else 1] * factor
+        if peer is not None:
+            bound = max(bound, 2 * rel_err(peer[i], b))
         assert rel_err(a, b) < bound, f"{what}: {name} rel err {rel_err(a, b):.2e} >= {bound:.0e} (or NaN)"
 
 
@@ -66,8 +73,8 @@ def check(got, ref, dtype, what, factor=1):
 ])
 def test_kernel_against_float64(B, H, Tq, Tk, D, dtype, seed, kw):
     """Lengths no multiple of 16 (the interpreter's block): every loop ends on a masked partial block."""
-    got, ref = run_both(B, H, Tq, Tk, D, dtype, seed, **kw)
-    check(got, ref, dtype, f"seed={seed} B={B} H={H} Tq={Tq} Tk={Tk} D={D} {dtype} {kw}")
+    got, ref, peer = run_both(B, H, Tq, Tk, D, dtype, seed, **kw)
+    check(got, ref, dtype, f"seed={seed} B={B} H={H} Tq={Tq} Tk={Tk} D={D} {dtype} {kw}", peer=peer)
     if seed == 2:  # the backward is bitwise deterministic (ddelta: summed per key block in a fixed order)
         for name, x, y in zip(NAMES, got, run_both(B, H, Tq, Tk, D, dtype, seed, **kw)[0]):
             assert torch.equal(x, y), f"seed={seed}: {name} differs between two runs"
@@ -98,7 +105,7 @@ def start_interpreter_suite():
     _SUITE["proc"] = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__)],
         env=dict(os.environ, TRITON_INTERPRET="1"), cwd=ROOT, stdout=_SUITE["log"], stderr=subprocess.STDOUT,
-        text=True, preexec_fn=lambda: os.nice(19))  # (only the CPU time the other tests leave idle)
+        text=True)  # (normal priority: at nice 19 a machine busy with other jobs starves it for minutes)
     atexit.register(_SUITE["proc"].kill)  # a session that ends before waiting for it (a no-op once it ended)
 
 
@@ -152,13 +159,15 @@ def test_the_kernel_takes_the_models_frequencies(monkeypatch):
 
     with torch.no_grad():
         got, before = both()
-        assert rel_err(got, before) < 1e-5, f"seed=15: {rel_err(got, before):.2e}"
+        err = rel_err(got, before)
+        assert err < 1e-5, f"seed=15: layer output, kernel vs PyTorch path: rel err {err:.2e}"
         monkeypatch.setattr(model_lib, "pope_frequencies",
                             lambda D, base=10000.0, device=None, dtype=torch.float32:
                             torch.logspace(0, -2 * (D - 1) / D, D, base=base, device=device, dtype=dtype))
         got, ref = both()
     assert rel_err(ref, before) > 1e-2, "seed=15: the patch changed nothing"
-    assert rel_err(got, ref) < 1e-5, f"seed=15: the kernel ignores pope_frequencies: {rel_err(got, ref):.2e}"
+    err = rel_err(got, ref)
+    assert err < 1e-5, f"seed=15: the kernel's layer output ignores pope_frequencies: {err:.2e}"
 
 
 @interpreted
@@ -204,8 +213,9 @@ def test_each_gpu_config_at_a_partial_tile(monkeypatch, i):
     gpu_host_path(monkeypatch, autotune=False)
     for configs in pk._BLOCKS.values():
         monkeypatch.setitem(configs, 64, [configs[64][i % len(configs[64])]])
-    got, ref = run_both(1, 2, 49, 49, 64, torch.bfloat16, 30 + i)
-    check(got, ref, torch.bfloat16, f"seed={30 + i}: GPU configs {[c[64] for c in pk._BLOCKS.values()]}")
+    got, ref, peer = run_both(1, 2, 49, 49, 64, torch.bfloat16, 30 + i)
+    check(got, ref, torch.bfloat16, f"seed={30 + i}: GPU configs {[c[64] for c in pk._BLOCKS.values()]}",
+          peer=peer)
 
 
 @interpreted
@@ -233,7 +243,7 @@ def test_the_autotuners_pick_runs(monkeypatch):
     for call in range(2):
         tunings.clear()
         ran.clear()
-        got, ref = run_both(1, 2, 40, 40, 32, torch.float32, 21)
+        got, ref, _ = run_both(1, 2, 40, 40, 32, torch.float32, 21)
         check(got, ref, torch.float32, f"seed=21 call {call}, autotuned")
         picked = [(t.fn.fn.__name__, *(t.best_config.all_kwargs()[n] for n in ("BLOCK_M", "BLOCK_N",
                                                                                "num_warps"))) for t in tuned]
@@ -244,14 +254,10 @@ def test_the_autotuners_pick_runs(monkeypatch):
 # -----------------------------------------------------------------------------
 # the decoding kernel (pope_kernel.decode_attention: KVCache's one-token step)
 
-def softplus_f64(x):
-    return torch.logaddexp(x.double(), torch.zeros((), dtype=torch.float64))
-
-
 def check_decode(mode, D, dtype, seed, N, positions, B=2, H=2, **kw):
     """decode_attention at each pos against softmax_s(scale a_s) v_s in float64 over slots 0..pos-1 and the
     new k, v at pos. "ready": a_s = q . k_s; "rope": q, k rotated by pos * inv_freq first; "pope": a_s = sum_c
-    mu_q,c mu_k,sc cos((s - pos) theta_c + delta_c) over a cache of mu = softplus (phases rounded to float32
+    mu_q,c mu_k,sc cos((s - pos) theta_c + delta_c) over a cache of magnitudes mu (phases rounded to float32
     as the kernel's). Slots >= pos start as NaN; then slot pos holds the (turned) k, the others are as they
     were, and the chunks' tally is zero."""
     g = torch.Generator().manual_seed(seed)
@@ -266,7 +272,7 @@ def check_decode(mode, D, dtype, seed, N, positions, B=2, H=2, **kw):
         q, k = ((2 * torch.randn(B, H, 1, Dk, generator=g)).to(dtype) for _ in range(2))
         v = torch.randn(B, H, 1, D, generator=g).to(dtype)
         kc = torch.randn(B, H, N, Dk, generator=g)
-        kc = (softplus_f64(2 * kc) if mode == "pope" else kc).to(dtype)
+        kc = (pope_magnitude_f64(2 * kc) if mode == "pope" else kc).to(dtype)
         vc = torch.randn(B, H, N, D, generator=g).to(dtype)
         kc[:, :, pos:], vc[:, :, pos:] = float("nan"), float("nan")
         was = kc.clone(), vc.clone()
@@ -277,14 +283,16 @@ def check_decode(mode, D, dtype, seed, N, positions, B=2, H=2, **kw):
                          for x in (new_k, qt))
         a = (torch.cat([kc[:, :, :pos].double(), new_k], 2) @ qt.mT)[..., 0]
         if mode == "pope":
-            new_k = softplus_f64(k)
+            new_k = pope_magnitude_f64(k)
             rel = torch.arange(-pos, 1, dtype=torch.float32)  # s - pos; the phase as float32 makes it
             phase = ((rel[:, None] * th).double() + turn["delta"].double()[:, None, :]).float().double()
-            a = (softplus_f64(q) * torch.cat([kc[:, :, :pos].double(), new_k], 2) * torch.cos(phase)).sum(-1)
+            keys = torch.cat([kc[:, :, :pos].double(), new_k], 2)
+            a = (pope_magnitude_f64(q) * keys * torch.cos(phase)).sum(-1)
         ref = torch.softmax(scale * a, -1)[:, :, None] @ torch.cat([vc[:, :, :pos], v], 2).double()
         out = pk.decode_attention(q, k, v, kc, vc, torch.tensor([pos]), scale, counts=counts, **turn, **kw)
         assert out.shape == (B, H, 1, D) and out.dtype == dtype, f"{what}: {tuple(out.shape)} {out.dtype}"
-        assert rel_err(out, ref) < BOUND[dtype][0], f"{what}: rel err {rel_err(out, ref):.2e} (NaN: >pos)"
+        err = rel_err(out, ref)
+        assert err < BOUND[dtype][0], f"{what}: out rel err {err:.2e} (NaN: >pos)"
         assert rel_err(kc[:, :, pos:pos + 1], new_k) < BOUND[dtype][0], f"{what}: slot pos holds a wrong key"
         was[0][:, :, pos], was[1][:, :, pos] = kc[:, :, pos], v[:, :, 0]
         for got, want in zip((kc, vc), was):
@@ -334,7 +342,22 @@ def test_generate_on_the_decoding_kernel_equals_the_pytorch_path(pos_emb, D, mon
     idx = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(43))
     out = {impl: m.generate(idx, 30, temperature=0.0, context=24) for impl, m in models.items()}
     assert len(calls) == 2 * (24 - 5), len(calls)  # 2 layers, the steps until the context is full
-    assert torch.equal(out["triton"], out["torch"]), f"seed=42/43 {pos_emb} D={D}: {out}"
+    assert torch.equal(out["triton"], out["torch"]), f"seed=42/43 {pos_emb} D={D}: greedy tokens {out}"
+
+
+@pytest.mark.skipif(INTERPRETED, reason="runs its own TRITON_INTERPRET=1 process")
+def test_eager_decoding_on_the_kernel_does_not_import_dynamo():
+    """generate()'s one-token steps on the decoding kernel, in a fresh process: torch._dynamo (seconds
+    to import; a custom op's first call imports it) is not loaded by eager decoding (sample.py)."""
+    code = ("import sys, torch\n"
+            "from model import GPT, GPTConfig\n"
+            "cfg = GPTConfig(n_layer=1, n_head=2, n_embd=64, block_size=16, vocab_size=50, attn_impl='triton')\n"
+            "out = GPT(cfg).eval().generate(torch.zeros(1, 3, dtype=torch.long), 4)\n"
+            "print(out.shape[1], 'torch._dynamo' in sys.modules)\n")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
+    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["7", "False"], run.stdout
 
 
 def tiny_float(pos_emb, attn_impl, D=32):  # float32, weights large enough that greedy tokens need the context

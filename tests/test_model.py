@@ -4,19 +4,19 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
-from helpers import rel_err
+from helpers import pope_magnitude_f64, rel_err
 
 from model import (GPT, GPTConfig, KVCache, apply_rope, pope_attention_torch, pope_delta, rope_cos_sin,
                    use_pope_kernel, yarn_inv_freq)
 
 
 def pope_loop_f64(q, k, v, delta, causal=True, q_offset=0, base=10000.0):
-    """softmax_s((1/sqrt(D)) sum_c mu_q mu_k cos((s - t) theta_c + delta_c)) v, one (t, s) at a time."""
+    """softmax_s((1/sqrt(D)) sum_c mu_q mu_k cos((s - t) theta_c + delta_c)) v, one (t, s) at a time; mu by
+    model.pope_magnitude (the one definition), the rest written out here."""
     q, k, v, delta = (x.double() for x in (q, k, v, delta))
     (B, H, Tq, D), Tk = q.shape, k.size(2)
     theta = torch.tensor([base ** (-c / D) for c in range(D)], dtype=torch.float64)
-    mq, mk = F.softplus(q), F.softplus(k)
+    mq, mk = pope_magnitude_f64(q), pope_magnitude_f64(k)
     out = torch.zeros(B, H, Tq, D, dtype=torch.float64)
     for i in range(Tq):
         t = q_offset + i
@@ -42,7 +42,8 @@ def test_pope_attention_matches_the_loop(Tq, Tk, q_offset, causal, seed, bound):
     for dt, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
         out = pope_attention_torch(q.to(dt), k.to(dt), v.to(dt), pope_delta(delta.to(dt), bound),
                                    causal=causal, q_offset=q_offset)
-        assert out.dtype == dt and rel_err(out, ref) < tol, f"seed {seed} {dt}"
+        err = rel_err(out, ref)
+        assert out.dtype == dt and err < tol, f"seed {seed} {dt}: out rel err {err:.1e}"
 
 
 def test_pope_gradients_and_the_model_layer_match_the_loop():
@@ -57,10 +58,10 @@ def test_pope_gradients_and_the_model_layer_match_the_loop():
     q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in attn.c_attn(x).split(32, dim=2))
     want = attn.c_proj(pope_loop_f64(q, k, v, attn.delta).transpose(1, 2).reshape(B, T, 32))
     with torch.no_grad():
-        assert rel_err(attn(x), want) < 1e-12, f"seed {seed}"
+        assert rel_err(attn(x), want) < 1e-12, f"seed {seed}: the layer's output, uncached"
         cache = KVCache(model, B, 10, torch.float64)
         cache.start(T)
-        assert rel_err(attn(x, cache), want) < 1e-12, f"seed {seed}"
+        assert rel_err(attn(x, cache), want) < 1e-12, f"seed {seed}: the layer's output on a KVCache"
 
 
 @pytest.mark.parametrize("bound", ["wrap", "clamp", "project"])

@@ -97,8 +97,9 @@ def test_an_error_or_a_kill_leaves_a_complete_set_and_the_next_run_cleans_up(old
         assert r.returncode == -signal.SIGKILL, r.stderr
     if point == "renames":  # out_dir is gone, the complete old set waits beside it
         assert not out.exists() and snapshot(out.parent / "ii.old") == old
-        with pytest.raises(common.PrepareError, match=str(out)):
+        with pytest.raises(common.PrepareError, match=str(out)) as e:
             common.check_dataset(out)
+        assert "ii.old" in str(e.value)  # (where the set is)
     else:
         assert common.check_dataset(out, common.SPLITS)["row_len"] == (31 if point == "swapped" else 23)
         assert point == "swapped" or snapshot(out) == old
@@ -123,6 +124,26 @@ def test_a_second_run_on_the_same_out_dir_is_refused(old_set):
         first.kill()
         first.communicate()
     assert build(out, NEW) != old and beside(out) == []
+
+
+@pytest.mark.parametrize("kind", ["folder", "dangling link", "link to a file", "fifo"])
+def test_a_lock_that_is_not_a_regular_file_is_refused(old_set, tmp_path, kind):
+    """<out_dir>.lock a folder, a link or a fifo: refused naming it; the set, the lock and what a
+    link points to unchanged (train.py's out_dir/.lock: tests/test_train.py)."""
+    out, old = old_set
+    lock, mine = tmp_path / "ii.lock", tmp_path / "mine"
+    mine.write_text("mine")
+    if kind == "folder":
+        lock.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.symlink_to(mine if kind == "link to a file" else tmp_path / "nowhere")
+    with pytest.raises(common.PrepareError, match="ii.lock"):
+        ii.main(NEW + ["--out_dir", str(out)])
+    assert snapshot(out) == old and mine.read_text() == "mine"
+    assert not (tmp_path / "nowhere").exists()
+    assert os.path.lexists(lock) and beside(out) == ["ii.lock"]
 
 
 @pytest.mark.parametrize("mine", ["ii/notes.txt", "ii/mine/x.py", "ii.tmp/thesis.tex", "ii.old/thesis.tex"])
@@ -166,6 +187,8 @@ FAULTS = {  # name: (how the copy is damaged, the file named, whether meta.json 
     "token id >= vocab_size": (lambda d: np.full(460, 67, np.uint16).tofile(d / "val.bin"), "val.bin", True),
     "mask all zeros": (lambda d: np.zeros(920, np.uint8).tofile(d / "train_mask.bin"), "train_mask.bin",
                        True),
+    "a mask byte of 7": (lambda d: np.full(920, 7, np.uint8).tofile(d / "train_mask.bin"),
+                         "train_mask.bin", True),  # (it would weigh those tokens 7 times)
 }
 
 
@@ -187,15 +210,26 @@ def test_check_dataset_names_the_file_and_the_rebuild_command(tmp_path, fault):
             common.check_dataset(tmp_path / folder)
 
 
-def test_write_atomic_keeps_the_old_file_when_the_save_fails(tmp_path):
+def test_output_file_keeps_the_old_file_when_the_save_fails(tmp_path):
+    """An interrupt half-way through a write leaves the old file and no .tmp; a write that ends
+    replaces it (the read-only and full-disk faults: tests/test_faults.py)."""
     path = tmp_path / "ckpt.pt"
     path.write_bytes(b"old")
-    with pytest.raises(KeyboardInterrupt):  # (a half-written tmp, then the interrupt)
-        common.write_atomic(str(path), lambda tmp: (Path(tmp).write_bytes(b"half"),
-                                                    (_ for _ in ()).throw(KeyboardInterrupt)))
+    with pytest.raises(KeyboardInterrupt), common.output_file(path) as f:
+        f.write(b"half")
+        raise KeyboardInterrupt
     assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["ckpt.pt"]
-    common.write_atomic(str(path), lambda tmp: Path(tmp).write_bytes(b"new"))
+    with common.output_file(path) as f:
+        f.write(b"new")
     assert path.read_bytes() == b"new" and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_a_format_this_repo_lacks_is_one_line():
+    """meta.json's "format" names the prepare/ module of its tokens (sample.py imports it)."""
+    with pytest.raises(common.PrepareError, match="nonexistent"):
+        common.format_module({"format": "nonexistent"})
+    assert common.format_module({"format": "jsb"}).__name__ == "prepare.jsb"
+    assert common.format_module({}) is None
 
 
 @pytest.mark.parametrize("argv, named", [

@@ -1,94 +1,244 @@
-"""RESULTS.md's tables are what results/summarize.py makes from the committed raw files, its prose quotes only
-numbers those tables hold, and the paired statistics behind its verdicts match Student's t."""
+"""RESULTS.md, README.md's results list and results/*/README.md are what results/summarize.py makes
+from the committed raw files; their hand-written prose carries no numbers; every file under results/
+is read by summarize.py or named in a README; an edit of a sentence or of a raw value is caught."""
 import importlib.util
+import itertools
+import json
 import math
-import random
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("summarize", REPO / "results" / "summarize.py")
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
-# a result in the prose: a decimal number, not a version (2.11.0), a size (10.75M) or a code span's setting
-NUM = re.compile(r"(?<![\w.])\d[\d,]*\.\d+(?![\d.A-Za-z])")
 
 
-def prose_numbers_not_in_tables(text):
-    """Decimal numbers of a section's prose (outside its tables and `code`) that none of its tables holds; the
-    sections without tables (title, summary) are checked against every table."""
-    every = "".join(m[3] for m in S.MARKER.finditer(text))
-    bad = []
-    for section in re.split(r"^(?=## )", text, flags=re.M):
-        tables = "".join(m[3] for m in S.MARKER.finditer(section)) or every
-        prose = re.sub(r"`[^`]*`|\]\([^)]*\)", "", S.MARKER.sub("", section))
-        bad += [n for n in NUM.findall(prose) if n not in tables]
-    return bad
+def summarize(results=REPO / "results"):
+    """A fresh results/summarize.py (its own caches and READ) reading the tree at results."""
+    spec = importlib.util.spec_from_file_location("summarize", REPO / "results" / "summarize.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.R = str(results)
+    return module
 
 
-def test_every_table_is_the_one_its_raw_files_give():
-    text = (REPO / "RESULTS.md").read_text()
-    assert sorted(m[2] for m in S.MARKER.finditer(text)) == sorted(S.TABLES)  # each once, none unused
-    assert S.fill(text) == text, "RESULTS.md is not what its raw files give: results/summarize.py --write"
-    assert prose_numbers_not_in_tables(text) == []
+S = summarize()
+# a number in hand-written prose: a decimal (not a version, 2.11.0, nor the paper's arXiv id), a
+# percentage, a count "k of n"
+NUMBER = re.compile(r"(?<![\w.])(?<!arXiv )\d[\d,]*\.\d+(?![\d.A-Za-z])|\d\s*%|\b\d+ of \d+\b")
 
 
-def test_the_attention_rules_measurement_is_the_committed_one():
-    """model.py's comment on auto's rule quotes the step times of results/kernel/train-*.json (PyTorch path,
-    kernel): a new measurement cannot leave the rule's stated basis stale."""
-    quoted = re.search(r"compile: 1k ([\d.]+) vs ([\d.]+), 4k ([\d.]+) vs ([\d.]+), 16k ([\d.]+) vs ([\d.]+)",
-                       (REPO / "model.py").read_text()).groups()
-    rows = {T: S.bench(f"kernel/train-{T}.json") for T in (1024, 4096, 16384)}
-    assert list(quoted) == [f"{rows[T][p]['ms']:.2f}" for T in rows for p in ("pope-torch", "pope-kernel")]
+def docs(results):
+    """{path: text} of the documents summarize.py writes, in the tree of results/ results."""
+    paths = [results.parent / "RESULTS.md", results.parent / "README.md", results / "README.md"]
+    return {p: p.read_text() for p in paths + sorted(results.glob("*/README.md"))}
 
 
-@pytest.mark.parametrize("old, new", [("| 1342 | 97.42% |", "| 1342 | 97.43% |"),  # a table cell
-                                      ("seed 1339 (12.99%)", "seed 1339 (12.98%)")])  # a number in the prose
-def test_one_changed_number_is_caught(old, new):
-    text = (REPO / "RESULTS.md").read_text()
-    assert text.count(old) == 1
-    changed = text.replace(old, new)
-    assert S.fill(changed) != changed or prose_numbers_not_in_tables(changed) == NUM.findall(new)
+def prose_numbers(path, text):
+    """The numbers of a document's hand-written prose: outside marked blocks, code spans and links;
+    of the top-level README.md, its Results section alone."""
+    if (path.parent / "results").is_dir() and path.name == "README.md":
+        text = text[text.index("## Results"):text.index("## Benchmarks")]
+    return NUMBER.findall(re.sub(r"`[^`]*`|\]\([^)]*\)", "", S.MARKER.sub("", text)))
 
 
-def test_t_distribution_against_closed_forms_and_tables():
-    """df = 1 is Cauchy, df = 2 has a closed form; larger df against printed 97.5% quantiles and p-values."""
-    rng = random.Random(0)
-    for _ in range(200):
-        t = rng.uniform(0, 30)
-        assert S.t_two_sided_p(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), rel=1e-10, abs=1e-14)
-        assert S.t_two_sided_p(t, 2) == pytest.approx(1 - t / math.sqrt(2 + t * t), rel=1e-10, abs=1e-14)
-    for df, q in ((1, 12.7062047), (2, 4.3026527), (5, 2.5705818), (10, 2.2281389), (30, 2.0422725)):
-        assert S.t_quantile(0.975, df) == pytest.approx(q, abs=1e-6)
-    for t, df, p in ((2.0, 5, 0.1019394788), (3.0, 10, 0.0133436550), (1.5, 30, 0.1440659291)):
-        assert S.t_two_sided_p(t, df) == pytest.approx(p, rel=1e-8)
+def unaccounted(results):
+    """The files under results (git's, else all) that summarize.py does not read in regenerating
+    every document and that no README there names (by a path from its folder, results/, root)."""
+    s = summarize(results)
+    for path, text in docs(results).items():
+        s.READ.add(str(path))
+        s.fill(text)
+    git = subprocess.run(["git", "ls-files", "-z", "."], cwd=results, capture_output=True,
+                         text=True)
+    files = [results / f for f in git.stdout.split("\0") if f] if git.returncode == 0 else \
+        [p for p in results.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    named = {base / m for readme in results.rglob("README.md")
+             for m in re.findall(r"[\w./-]+", readme.read_text())
+             for base in (readme.parent, results, results.parent)}
+    return sorted(str(f.relative_to(results)) for f in files
+                  if str(f) not in s.READ and f not in named)
 
 
-def test_incomplete_beta_against_a_float64_quadrature():
-    """I_x(a, b) against Simpson's rule on the beta density; for a, b < 1 (a singular density) the symmetry
-    I_x(a, b) + I_(1-x)(b, a) = 1, which the continued fraction's two branches meet in."""
-    rng = random.Random(1)
-    for _ in range(20):
-        a, b, x, n = rng.uniform(2, 20), rng.uniform(2, 20), rng.uniform(0.01, 0.99), 20000
-        lb = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
-        f = [math.exp((a - 1) * math.log(u) + (b - 1) * math.log1p(-u) - lb) if u > 0 else 0.0
-             for u in (x * i / n for i in range(n + 1))]
-        ref = x / n / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
-        assert S.betainc(a, b, x) == pytest.approx(ref, rel=1e-7, abs=1e-12)
-        a, b = rng.uniform(0.05, 1), rng.uniform(0.05, 1)
-        assert S.betainc(a, b, x) + S.betainc(b, a, 1 - x) == pytest.approx(1, abs=1e-12)
+def copy_tree(tmp_path):
+    """A scratch copy of what summarize.py reads and writes: results/, prepare/, the documents."""
+    tree = tmp_path / "repo"
+    for folder in ("results", "prepare"):
+        shutil.copytree(REPO / folder, tree / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("RESULTS.md", "README.md"):
+        shutil.copy(REPO / name, tree / name)
+    return tree
 
 
-def test_paired_statistics():
-    r = S.paired([3, 5, 4, 8], [1, 2, 2, 3])  # d = 2, 3, 2, 5: mean 3, se 0.7071, t 4.2426 on 3 df
-    assert r["n"] == 4 and r["mean"] == pytest.approx(3)
-    assert (r["lo"], r["hi"]) == pytest.approx((3 - 2.2503293632, 3 + 2.2503293632), abs=1e-8)
-    assert r["p"] == pytest.approx(0.0239811998, rel=1e-8)
+def test_every_block_is_what_the_raw_files_give():
+    names = []
+    for path, text in docs(REPO / "results").items():
+        assert S.fill(text) == text, f"{path} is not what its files give: summarize.py --write"
+        names += [m[3] for m in S.MARKER.finditer(text)]
+    assert sorted(names) == sorted([*S.TABLES, *S.VERDICTS])  # each block once, none unused
+
+
+def test_hand_written_prose_carries_no_numbers():
+    assert {str(p): prose_numbers(p, t) for p, t in docs(REPO / "results").items()
+            if prose_numbers(p, t)} == {}
+    prose = "PoPE led on 7 of 8 seeds by 20.5 points (p 0.05, `0.1`, 9%), [a](b/1.5.png)"
+    assert prose_numbers(REPO / "RESULTS.md", prose) == ["7 of 8", "20.5", "0.05", "9%"]
+
+
+def test_every_file_under_results_is_read_or_named(tmp_path):
+    assert unaccounted(REPO / "results") == []
+    tree = copy_tree(tmp_path)  # a copy with a file nothing reads or names: listed
+    (tree / "results" / "tasks" / "jsb-pope-1337-short" / "stray.json").write_text("{}")
+    assert unaccounted(tree / "results") == ["tasks/jsb-pope-1337-short/stray.json"]
+
+
+# each edit of issue 82's list whose sentence still stands, and edits of the same kinds
+EDITS = [("RESULTS.md", "+20.5 points", "+25.5 points"), ("RESULTS.md", "t p 0.05;", "t p 0.03;"),
+         ("RESULTS.md", "higher on 7 of 8", "higher on 8 of 8"),
+         ("RESULTS.md", "first on 7 of 8 seeds, RoPE on 0", "first on 8 of 8 seeds, RoPE on 0"),
+         ("RESULTS.md", "| 21.2 | 1.128 |", "| 21.2 | 1.28 |"),
+         ("RESULTS.md", "degrades steadily, not a blow-up at this scale", "blows up"),
+         ("RESULTS.md", "**reproduced**", "**not reproduced**"),
+         ("RESULTS.md", "t p 0.0071;", "t p 0.71;"),
+         ("RESULTS.md", "| 1342 | 97.42% (66k)", "| 1342 | 97.43% (66k)"),
+         ("RESULTS.md", "final accuracy largely",
+          "PoPE leads on 10 of 11 seed pairs; the final accuracy"),
+         ("RESULTS.md", "the kernel is not the cause.", "the kernel is not the cause (p 0.03)."),
+         ("README.md", "**too few seeds for a test**", "**not significant**"),
+         ("README.md", "(§3): **reproduced**", "(§3): **reproduced**, RoPE's blows up"),
+         ("README.md", "the raw files:", "the raw files (PoPE ahead by 20.5 points):")]
+
+
+@pytest.mark.parametrize("doc, old, new", EDITS)
+def test_one_edit_is_caught(doc, old, new):
+    text = (REPO / doc).read_text()
+    assert old in text
+    changed = text.replace(old, new, 1)
+    assert S.fill(changed) != changed or \
+        prose_numbers(REPO / doc, changed) != prose_numbers(REPO / doc, text)
+
+
+def test_a_changed_raw_value_is_caught(tmp_path):
+    tree = copy_tree(tmp_path)
+    path = tree / "results" / "indirect_indexing" / "target" / "seed1342-pope" / "eval.json"
+    r = json.loads(path.read_text())
+    r["test"]["acc"] += 0.0001
+    path.write_text(json.dumps(r))
+    s = summarize(tree / "results")
+    assert any(s.fill(text) != text for text in docs(tree / "results").values())
+
+
+def run_files(folder, name, test_acc, val_accs):
+    """A run as the driver leaves it: its log (an eval every 2,000 steps), metrics and eval.json."""
+    (folder / name).mkdir(parents=True)
+    steps = [2000 * i for i in range(len(val_accs))]
+    (folder / f"{name}.log").write_text("".join(
+        f"step {s}: train loss 1.0 acc {a:.4f}, val loss 1.1 acc {a:.4f}\niter {s}: loss 1.0\n"
+        for s, a in zip(steps, val_accs)))
+    (folder / name / "metrics.jsonl").write_text("".join(
+        json.dumps({"iter": s, "eval": {"val": {"loss": 1.1, "acc": a}}}) + "\n"
+        for s, a in zip(steps, val_accs)))
+    split = {"loss": 1.0, "acc": test_acc}
+    (folder / name / "eval.json").write_text(json.dumps(
+        {"iter": steps[-1], "full": True, "val": split, "test": split}))
+
+
+def test_a_new_weight_decay_arm_joins_section_1(tmp_path):
+    """target-wd0.01/ laid out as target/ is: its endpoints, its pairs by seed and pos_emb against
+    target/'s weight-decay-0.1 runs, its longer runs against its own, its provenance and shares."""
+    tree = copy_tree(tmp_path)
+    shutil.rmtree(tree / "results" / "indirect_indexing" / "target-wd0.01")  # made up below instead
+    before = summarize(tree / "results")  # without the folder no generated block names it
+    assert all("weight decay 0.01" not in m[4] for t in docs(tree / "results").values()
+               for m in before.MARKER.finditer(before.fill(t)))
+    wd = tree / "results" / "indirect_indexing" / "target-wd0.01"
+    accs = {(1337, "pope"): 0.95, (1338, "pope"): 0.30, (1337, "rope"): 0.10, (1338, "rope"): 0.12}
+    for (seed, pe), a in accs.items():  # PoPE 1337 lifts off at 40k (above 50%), the others never
+        run_files(wd, f"seed{seed}-{pe}", a, [0.05] * 20 + [max(a, 0.2)] * 31)
+        run_files(wd, f"seed{seed}-{pe}-200000steps", min(a + 0.5, 0.99), [0.05] * 10 + [0.9] * 91)
+    (wd / "env-seed1337_1338-pope_rope.txt").write_text(
+        "command: LABEL='wd0.01' bash results/indirect_indexing.sh\ncommit: abc1234\ndirty: no\n"
+        "date: 2026-12-07T00:00:00Z\ngpus: 0, NVIDIA H200, 580\nmps: on\ntorch 2.11.0\n")
+    weight = [[[1.0] * 16 + [3.0] * 48] * 2] * 2  # (layer, head, channel): top quarter 32 of 320
+    models = {"seed1337-pope": {"weight": weight}, "seed1337-rope": {"weight": weight}}
+    (wd / "frequencies-seed1337-pope_rope.json").write_text(json.dumps({"models": models}))
+    s = summarize(tree / "results")
+    lines = s.fill((tree / "RESULTS.md").read_text()).splitlines()
+    name = "loss on the target letter, weight decay 0.01 (the paper's)"
+
+    def row(start):
+        return next(line for line in lines if line.startswith(start)).split(" | ")
+
+    assert row(f"| {name} |")[1:6] == ["1 of 2", "0 of 2", "1", "1 of 2", "0 of 2"]  # Fisher p 1
+    target = tree / "results" / "indirect_indexing" / "target"
+    old = {k: json.loads((target / f"seed{k[0]}-{k[1]}" / "eval.json").read_text())["test"]["acc"]
+           for k in accs}
+    for pe, PE in (("pope", "PoPE"), ("rope", "RoPE")):
+        d = [100 * (accs[seed, pe] - old[seed, pe]) for seed in (1337, 1338)]
+        assert row(f"| {PE}: {name} − ")[3:5] == ["2", f"{sum(d) / 2:+.1f} pt"]
+    longer = row(f"| PoPE: {name}, 200k steps − {name} |")
+    assert longer[3:5] == ["2", f"{100 * (0.99 + 0.80 - 0.95 - 0.30) / 2:+.1f} pt"]
+    text = "\n".join(lines)
+    assert "| 1337 | 87.49% (84k) | 45.71% (> 100k) | 8.70% (> 100k) | 95.00% (40k) | " \
+        "10.00% (> 100k) | 99.00% (20k) |" in text
+    assert f"- **Indirect indexing, {name}: PoPE solves the task, RoPE does not: too few seeds " \
+        "for a test.**" in text
+    readme = s.fill((tree / "results" / "indirect_indexing" / "README.md").read_text())
+    assert "`indirect_indexing/target-wd0.01/env-seed1337_1338-pope_rope.txt` | abc1234 |" in readme
+    assert f"| indirect_indexing/target-wd0.01/seed1337-pope | {32 / 320:.3f} |" in readme
+    assert unaccounted(tree / "results") == sorted(  # a run's log is read, its metrics are not
+        f"indirect_indexing/target-wd0.01/{p.parent.name}/metrics.jsonl"
+        for p in wd.glob("*/eval.json"))
+
+
+def test_paired_statistics_against_float64_references():
+    """The t interval and p against printed quantiles, the exact permutation p by enumerating every
+    sign flip, the sign test by binomial counts, Fisher's test by the hypergeometric sum."""
+    r = S.paired({1: 3.0, 2: 5.0, 3: 4.0, 9: 8.0}, {2: 2.0, 1: 1.0, 3: 2.0, 9: 3.0, 7: 0.0})
+    d = (2.0, 3.0, 2.0, 5.0)  # paired by key: 7 has no partner
+    se = math.sqrt(sum((x - 3) ** 2 for x in d) / 3 / 4)
+    assert r["n"] == 4 and r["mean"] == pytest.approx(3.0)
+    assert (r["lo"], r["hi"]) == pytest.approx((3 - 3.1824463 * se, 3 + 3.1824463 * se), abs=1e-6)
+    assert r["p"] == pytest.approx(0.0239811998, rel=1e-8)  # t = 4.2426 on 3 degrees of freedom
+    sums = [sum(s * x for s, x in zip(signs, d)) for signs in itertools.product((1, -1), repeat=4)]
+    assert r["exact_p"] == pytest.approx(sum(abs(x) >= 12 - 1e-9 for x in sums) / 16)
     assert (r["wins"], r["losses"], r["ties"], r["sign_p"]) == (4, 0, 0, 0.125)
-    r = S.paired([1.0, 2.0], [0.5, 2.0])  # two pairs: no interval or t-test; the tie leaves the sign test
-    assert r["lo"] is r["hi"] is r["p"] is None and (r["wins"], r["ties"], r["sign_p"]) == (1, 1, 1.0)
-    assert S.sign_test_p(5, 1) == pytest.approx(14 / 64) and S.sign_test_p(7, 1) == pytest.approx(18 / 256)
-    cells = S.pair_cells({7: 9.0, 1: 3, 2: 5, 3: 4, 4: 8}, {4: 3, 3: 2, 2: 2, 1: 1, 5: 0.0}, 2)  # by seed
-    assert cells[:2] == ["4", "+3.00"] and cells[3] == "0.024"
+    r = S.paired({1: 1.0, 2: 2.0}, {1: 0.5, 2: 2.0})  # two pairs: no interval or t-test; a tie
+    assert r["lo"] is r["hi"] is r["p"] is None
+    assert (r["wins"], r["ties"], r["sign_p"]) == (1, 1, 1)
+    assert S.verdict(r, 1) == "too few seeds for a test"
+    r = S.paired({i: float(i % 3 + 1) for i in range(8)}, dict.fromkeys(range(8), 0.0))
+    assert r["sign_p"] == pytest.approx(2 / 256)
+    assert (S.verdict(r, 1), S.verdict(r, -1)) == ("reproduced", "opposite")
+    assert S.verdict(S.paired({1: 1.0, 2: -1.0, 3: 2.0}, dict.fromkeys((1, 2, 3), 0.0)), 1) == \
+        "not established"
+    assert S.paired({1: 1.0}, {1: 0.0})["exact_p"] == 1.0
+    s = summarize()
+    accs = {"pope": [90.0, 80.0, 70.0, 60.0, 10.0], "rope": [60.0, 5.0, 5.0, 5.0, 5.0]}
+    s.arm = lambda a, pe: dict(enumerate(accs[pe]))  # solved: 4 of 5 against 1 of 5
+    # the hypergeometric tails as far out as the table: X <= 1 and X >= 4 of 5 solved in 10
+    tail = sum(math.comb(5, k) * math.comb(5, 5 - k) for k in (0, 1, 4, 5)) / math.comb(10, 5)
+    assert s.fisher(("a", 100000)) == pytest.approx(tail)
+
+
+def test_time_to_sample_from_the_printouts(tmp_path):
+    """sample_time.sh's printouts: each call's series (a commit), setting, wall, first-token, import,
+    checkpoint and capture times; a sample.py that does not print its imports' time says so."""
+    folder = tmp_path / "sample" / "time-to-sample"
+    folder.mkdir(parents=True)
+    call = ("{} {} rc=0 wall={} s\ndecoding: graph\nprefill: 3 x 4 tokens in 9.0 ms; time to first token "
+            "{} s since start{}\ndecode: 3 x 9 tokens in 1.0 s: 27.0 tokens/s (capture {} s excluded)\n")
+    (folder / "sampletime.txt").write_text("".join(
+        call.format(series, run, w, f, more, c) for series, run, w, f, more, c in (
+            ("abc1234", "cold", 20.5, 10.25, "", 8.5), ("abc1234", "warm", 18.0, 9.0, "", 6.0),
+            ("def5678", "cold", 15.0, 7.5, " (imports 4.0 s, checkpoint 3.0 s)", 6.0))))
+    (folder / "sampledecode.txt").write_text("".join(call.format(
+        d, f"n={n}", w, 6.0, " (imports 3.0 s, checkpoint 2.0 s)", c).replace("decoding: graph\n", "")
+        for d, n, w, c in (("eager", 100, 12.0, 0.0), ("graph", 100, 11.5, 4.0))))
+    s = summarize(tmp_path)
+    assert s.calls("sampletime") == [("abc1234", "cold", "20.5", "10.25", "not printed", "not printed", "8.5"),
+                                     ("abc1234", "warm", "18.0", "9.0", "not printed", "not printed", "6.0"),
+                                     ("def5678", "cold", "15.0", "7.5", "4.0", "3.0", "6.0")]
+    assert s.calls("sampledecode")[1] == ("graph", "100", "11.5", "6.0", "3.0", "2.0", "4.0")

@@ -186,6 +186,11 @@ def refused(p, *names):
     assert all(n in err for n in names), (names, err)
 
 
+def empty(d):
+    """Nothing written: no folder d, or an empty one."""
+    return not os.path.exists(d) or os.listdir(d) == []
+
+
 def logged_iter(out_dir):
     try:
         return max(losses(out_dir), default=-1)
@@ -226,7 +231,97 @@ def test_refusals(data_root, tmp_path, family):
     (tmp_path / "bad.py").write_text("batch_size = 8\nn_layers = 3\n")
     p = run_here(args(data_root, "--out_dir=o", "--max_iters=2", *settings), tmp_path, check=False)
     refused(p, name)
-    assert not os.path.exists(tmp_path / "o") or os.listdir(tmp_path / "o") == []  # nothing written
+    assert empty(tmp_path / "o")
+
+
+BAD_SETTINGS = [  # (setting=value that its RULES row or GPTConfig refuses, other settings it needs)
+    ("max_iters=-1", []), ("min_lr=1.0", []), ("min_lr=-1.0", []), ("warmup_iters=-1", []),
+    ("weight_decay=-1.0", []), ("grad_clip=-1.0", []), ("dropout=1.0", []), ("dropout=-0.5", []),
+    ("dropout=2.0", []), ("pope_base=1.0", []), ("rope_base=0.5", ["--pos_emb=rope"]),
+    ("peak_flops=0.0", []), ("beta1=1.0", []), ("beta2=-0.5", []), ("beta2=1.5", []),
+    ("n_head=0", []), ("n_head=-2", []), ("n_embd=0", []), ("n_embd=-4", []), ("seed=-1", []),
+    (f"seed={10**20}", []), ("rope_scaling_orig_len=-1", []), ("batch_size=100000000", []),
+    ("learning_rate=0.0", []), ("eval_splits=train,,val", []), ("out_dir=", []),
+    ("device=cuda:64", []),  # (no machine has 65 GPUs)
+    ("attn_impl=triton", ["--device=cpu"]),  # (the kernels run on CUDA or with TRITON_INTERPRET=1)
+]
+
+
+@pytest.mark.parametrize("setting, extra", BAD_SETTINGS, ids=[s for s, _ in BAD_SETTINGS])
+def test_the_settings_table_refuses_before_anything_is_written(data_root, tmp_path, monkeypatch,
+                                                                setting, extra):
+    """A value out of its setting's range is one line naming the setting, before out_dir is made."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    p = run_here(args(data_root, "--out_dir=o", "--max_iters=2", *extra, f"--{setting}"), tmp_path,
+                 check=False)
+    refused(p, setting.split("=")[0])
+    assert os.listdir(tmp_path) == []
+
+
+def tree(d):
+    """Every path under d: a file's bytes, a link's target, a folder or a fifo by kind."""
+    def what(p):
+        if p.is_symlink():
+            return "-> " + os.readlink(p)
+        return p.read_bytes() if p.is_file() else "folder" if p.is_dir() else "other"
+    return {str(p.relative_to(d)): what(p) for p in sorted(d.rglob("*"))}
+
+
+def lock_of(kind):
+    """Makes tmp_path/o with a .lock of this kind."""
+    def make(d):
+        (d / "o").mkdir()
+        (d / "mine").write_text("mine")
+        lock = d / "o" / ".lock"
+        if kind == "folder":
+            lock.mkdir()
+        elif kind == "fifo":
+            os.mkfifo(lock)
+        else:
+            lock.symlink_to(d / "mine" if kind == "link" else d / "nowhere")
+    return make
+
+
+OUT_DIRS = {  # what out_dir is (made in tmp_path) -> (its --out_dir, the path the line names)
+    "a file": (lambda d: (d / "o").write_text("mine"), "o", "o"),
+    "in a file": (lambda d: (d / "f").write_text("mine"), "f/o", "f"),
+    "/proc": (lambda d: None, "/proc", "/proc"),
+    "its .lock a folder": (lock_of("folder"), "o", ".lock"),
+    "its .lock a dangling link": (lock_of("dangling"), "o", ".lock"),
+    "its .lock a link to a file": (lock_of("link"), "o", ".lock"),
+    "its .lock a fifo": (lock_of("fifo"), "o", ".lock"),
+}
+
+
+@pytest.mark.parametrize("case", OUT_DIRS)
+def test_an_out_dir_no_run_can_use_is_one_line_first(data_root, tmp_path, case):
+    """A scratch run, a resume and --overwrite=True: one line naming the path, nothing written or
+    changed (a lock that is a link: neither it nor its target)."""
+    make, out_dir, named = OUT_DIRS[case]
+    make(tmp_path)
+    before = tree(tmp_path)
+    for extra in ([], ["--init_from=resume"], ["--overwrite=True"]):
+        p = run_here(args(data_root, f"--out_dir={out_dir}", "--max_iters=2", *extra), tmp_path,
+                     check=False)
+        refused(p, named)
+        assert tree(tmp_path) == before, extra
+
+
+TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # (it sets them all)
+
+
+@pytest.mark.parametrize("env", [{"RANK": "1"}, {"RANK": "0", "WORLD_SIZE": "2"},
+                                 {"LOCAL_RANK": "0"}])
+def test_rank_without_torchrun_is_refused(data_root, tmp_path, monkeypatch, env):
+    """Some of torchrun's variables without the others (a rank that would train and write nothing):
+    one line naming one that is missing."""
+    for k in TORCHRUN:
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    p = run_here(args(data_root, "--out_dir=o", "--max_iters=2"), tmp_path, check=False)
+    refused(p, "MASTER_ADDR")
+    assert os.listdir(tmp_path) == []
 
 
 def test_checkpoints_are_never_lost(data_root, tmp_path):
@@ -241,7 +336,7 @@ def test_checkpoints_are_never_lost(data_root, tmp_path):
         refused(run(*extra), name)
         assert (tmp_path / "o" / "ckpt.pt").read_bytes() == good, extra
     refused(run("--out_dir=ft", "--init_from=o/ckpt.pt", "--n_layer=3", "--max_iters=1"), "n_layer")
-    assert os.listdir(tmp_path / "ft") == []
+    assert empty(tmp_path / "ft")
     (tmp_path / "o" / "eval.json").write_text("{}")
     assert run("--max_iters=2", "--overwrite=True").returncode == 0
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iter_num"] == 2
@@ -312,6 +407,25 @@ def test_data_swapped_under_a_run_and_before_a_resume(data_root, tmp_path):
     refused(run_here(resume + [f"--max_iters={ck['iter_num'] + 2}"], tmp_path, check=False), "meta.json")
 
 
+def test_a_split_rewritten_in_place_before_a_resume_is_refused(data_root, tmp_path):
+    """train.bin rewritten at the same size, one token changed within the vocabulary (meta.json and
+    the sizes as before): the resume names it, the checkpoint unchanged; --data_changed_ok=True goes
+    on."""
+    shutil.copytree(data_root / "toy", tmp_path / "d" / "toy")
+    common = [TRAIN, f"--data_dir={tmp_path / 'd'}", "--dataset=toy"] + TINY + ["--out_dir=o"]
+    run_here(common + ["--max_iters=2", "--eval_interval=2"], tmp_path)
+    before = (tmp_path / "o" / "ckpt.pt").read_bytes()
+    tokens = np.fromfile(tmp_path / "d" / "toy" / "train.bin", np.uint16)
+    tokens[100] = (tokens[100] + 1) % 20
+    with open(tmp_path / "d" / "toy" / "train.bin", "r+b") as f:  # in place: the file, its size
+        f.write(tokens.tobytes())
+    resume = common + ["--init_from=resume", "--max_iters=4"]
+    refused(run_here(resume, tmp_path, check=False), "train.bin", "--data_changed_ok")
+    assert (tmp_path / "o" / "ckpt.pt").read_bytes() == before
+    run_here(resume + ["--data_changed_ok=True"], tmp_path)
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iter_num"] == 4
+
+
 def test_damaged_and_foreign_checkpoints_are_refused(data_root, tmp_path, damage):
     """Resume and fine-tune read through model.read_checkpoint (tests/test_checkpoint.py: every bad kind): a
     refusal names the file and changes nothing; so does a fine-tune on data of another vocabulary."""
@@ -324,8 +438,23 @@ def test_damaged_and_foreign_checkpoints_are_refused(data_root, tmp_path, damage
     for source, extra in (("bad.pt", []), ("pk.pt", []), ("o/ckpt.pt", ["--dataset=wide"])):
         p = run_here(args(data_root, "--out_dir=ft", f"--init_from={source}", *extra), tmp_path, check=False)
         refused(p, source if not extra else "vocab_size")
-        assert os.listdir(tmp_path / "ft") == [] and (tmp_path / "o" / "ckpt.pt").read_bytes() == good
-    for source in ("bad.pt", "pk.pt"):
+        assert empty(tmp_path / "ft") and (tmp_path / "o" / "ckpt.pt").read_bytes() == good
+    for key in ("optimizer", "meta"):  # (a fine-tune needs neither; a resume needs both)
+        torch.save({k: v for k, v in ck.items() if k != key}, tmp_path / f"no-{key}.pt")
+    for source in ("bad.pt", "pk.pt", "no-optimizer.pt", "no-meta.pt"):
         shutil.copy(tmp_path / source, tmp_path / "o" / "ckpt.pt")
         refused(run_here(args(data_root, "--out_dir=o", "--init_from=resume"), tmp_path, False), "ckpt.pt")
+        assert (tmp_path / "o" / "ckpt.pt").read_bytes() == (tmp_path / source).read_bytes()
 
+
+
+def test_a_diverged_run_saves_no_checkpoint(data_root, tmp_path):
+    """A learning rate that drives the weights to inf/NaN: the run stops at its eval with exit 1,
+    and no checkpoint holds the broken weights (always_save_checkpoint would write one)."""
+    argv = [TRAIN, f"--data_dir={data_root}", "--dataset=toy", "--out_dir=out", "--max_iters=4",
+            "--eval_interval=2", "--always_save_checkpoint=True"] + TINY
+    argv += ["--learning_rate=1e30", "--min_lr=0", "--grad_clip=0", "--warmup_iters=0"]
+    p = start(argv, tmp_path)
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 1, f"exit {p.returncode}:\n{err[-2000:]}"
+    assert not (tmp_path / "out" / "ckpt.pt").exists()

@@ -1,0 +1,65 @@
+"""sample.py's refusals (issue 80): a flag out of its range (its FLAGS table), a checkpoint whose
+model and meta disagree on the vocabulary (train.py's padding rule, prepare/common.model_vocab), a
+KV cache too large to allocate. Each: exit status 2, one line naming the flag or the file, nothing
+sampled (stdout empty), the checkpoint unchanged. --save's writes: tests/test_faults.py."""
+import dataclasses
+
+import pytest
+import torch
+from helpers import run_exit, script_error
+
+import sample
+from model import GPT, GPTConfig
+from prepare.common import model_vocab
+
+ITOS = list("\nabcdefghijklmnopqrstuvwxyz")
+CPU = ["--device=cpu", "--max_new_tokens=3"]
+
+
+def save(path, vocab_size, meta):
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=vocab_size)
+    torch.save({"model": GPT(cfg).state_dict(), "model_args": dataclasses.asdict(cfg),
+                "config": {}, "meta": meta}, path)
+    return path
+
+
+def refused(ck, args, named):
+    before = ck.read_bytes()
+    code, out, err = run_exit(sample.main, [f"--ckpt={ck}", *CPU, *args])
+    assert code == 2 and out == "" and "Traceback" not in err, (code, out, err)
+    assert named in err and len(err.strip().splitlines()) == 1, err
+    assert ck.read_bytes() == before
+
+
+@pytest.mark.parametrize("flag", ["--context=0", "--context=-5", "--num_samples=0", "--top_k=-1",
+                                  "--temperature=nan", "--device=cuda:64", "--device=tpu"])
+def test_a_flag_out_of_range_is_refused(tmp_path, flag):
+    ck = save(tmp_path / "m.pt", len(ITOS), {"vocab_size": len(ITOS), "itos": ITOS})
+    refused(ck, [flag], flag.split("=")[0])
+
+
+@pytest.mark.parametrize("model_v, meta", [
+    (67, {"vocab_size": 5, "itos": ITOS[:5]}),  # ids 0..4 of a model of 67: 5..66 never drawn
+    (27, {"vocab_size": 40, "itos": ITOS}),  # meta's ids past the model's
+    (50257, {"vocab_size": 50257, "tokenizer": "gpt2"}),  # train.py pads gpt2's to 50304
+])
+def test_a_checkpoint_whose_model_and_meta_disagree_on_the_vocabulary_is_refused(tmp_path,
+                                                                                  model_v, meta):
+    ck = save(tmp_path / "m.pt", model_v, meta)
+    refused(ck, ["--start=abc"], str(ck))
+
+
+def test_the_padded_gpt2_vocabulary_samples(tmp_path, capsys):
+    """The padding rule sample.py checks is train.py's: a GPT-2 checkpoint as train.py makes it."""
+    meta = {"vocab_size": 50257, "tokenizer": "gpt2"}
+    ck = save(tmp_path / "m.pt", model_vocab(meta), meta)
+    sample.main([f"--ckpt={ck}", *CPU, "--num_samples=1", "--start=Hello"])
+    assert capsys.readouterr().out.startswith("Hello")
+
+
+@pytest.mark.parametrize("flag", ["--context=1099511627776", "--num_samples=1099511627776"])
+def test_a_kv_cache_too_large_to_allocate_is_one_line(tmp_path, flag):
+    """2**40 positions or samples (past any machine's memory): the allocation fails at once."""
+    ck = save(tmp_path / "m.pt", len(ITOS), {"vocab_size": len(ITOS), "itos": ITOS})
+    assert flag.split("=")[0] in script_error(sample.main, [f"--ckpt={ck}", *CPU, flag])
