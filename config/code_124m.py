@@ -1,11 +1,11 @@
 # GPT-124M on Python source (prepare/code.py: the .py files of pinned PyPI packages, val and test
-# packages held out), the model of config/pope_124m.py at its context of 1024: 12 layers, 12 heads of
-# dim 64, RMSNorm, batch 64 x 1024 tokens, AdamW 6e-4 -> 6e-5 cosine, weight decay 0.01, beta2 0.95,
-# clip 1.0, no dropout. The schedule is shortened to 2,000 steps with 100 warmup (131M tokens, about
-# 2.7 passes over the train split): one run fits a 30-minute GPU lease at the 124M step rate of
-# RESULTS.md §5, a checkpoint every 250 steps for a resume. PoPE and RoPE runs of one seed draw the
-# same batches. results/code.sh trains both and evaluates them at 1k..10k tokens.
-# Data:  python prepare/code.py                (offline: --wheels DIR, a folder of the pinned wheels)
+# packages held out), the model of config/pope_124m.py at its context of 1024: 12 layers, 12
+# heads of dim 64, RMSNorm, batch 64 x 1024 tokens, AdamW 6e-4 -> 6e-5 cosine, weight decay 0.01,
+# beta2 0.95, clip 1.0, no dropout. The schedule is shortened to 2,000 steps with 100 warmup (131M
+# tokens, about 2.7 passes over the train split): one run fits a 30-minute GPU lease at the 124M
+# step rate of RESULTS.md §5, a checkpoint every 250 steps for a resume. PoPE and RoPE runs of one
+# seed draw the same batches. results/code.sh trains both and evaluates them at 1k..10k tokens.
+# Data:  python prepare/code.py               (offline: --wheels DIR, a folder of the pinned wheels)
 # Usage: python train.py config/code_124m.py                                       (PoPE)
 #        python train.py config/code_124m.py --pos_emb=rope --out_dir=out-code-rope  (RoPE)
 out_dir = "out-code-pope"

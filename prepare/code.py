@@ -89,8 +89,10 @@ def norm(name):
 def sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
+        chunk = f.read(1 << 20)
+        while chunk:
             h.update(chunk)
+            chunk = f.read(1 << 20)
     return h.hexdigest()
 
 
@@ -135,12 +137,14 @@ def pinned_packages(folder):
         specs = ["==".join(w.split("-")[:2]) for w in missing]
         common.log(f"fetching {len(specs)} wheels with pip into {folder}")
         r = subprocess.run([sys.executable, "-m", "pip", *PIP, "--dest", str(folder), *specs])
-        if still := [w for w in missing if not (folder / w).is_file()]:
+        still = [w for w in missing if not (folder / w).is_file()]
+        if still:
             raise common.PrepareError(f"pip could not fetch {', '.join(still)} (exit "
                                       f"{r.returncode}); offline, pass a folder of the pinned "
                                       "wheels (--help) as --wheels")
     for wheel, *_, pin in PACKAGES:
-        if (digest := sha256(folder / wheel)) != pin:
+        digest = sha256(folder / wheel)
+        if digest != pin:
             raise common.PrepareError(f"{folder / wheel}: sha256 {digest} is not the pinned {pin}; "
                                       "delete the file (a re-run fetches the pinned one)")
     packages = []
@@ -172,7 +176,8 @@ def input_packages(folder, val, test):
         found[norm(name)] = {"name": name, "version": version, "license": license, "split": "train",
                              "source": path.name, "path": path}
     names = ", ".join(p["name"] for p in list(found.values())[:12])
-    names += f" ... ({len(found)} in all)" if len(found) > 12 else ""  # (a site-packages: hundreds)
+    if len(found) > 12:  # (a site-packages: hundreds)
+        names += f" ... ({len(found)} in all)"
     if not found:
         raise common.PrepareError(f"--input {folder} holds no package (a .whl, .py files)")
     if not (val and test):
@@ -218,13 +223,16 @@ def write_splits(stage, packages, enc, num_proc):
     """Every package's documents into stage/{split}.bin, the train packages first (a file that
     comes again later is a duplicate); sets each package's files and tokens. Returns the tokens and
     files of each split, the files dropped and the long test files."""
-    seen, dropped = set(), {"duplicate": 0, "empty": 0, "not_utf8": []}
-    files, long = dict.fromkeys(common.SPLITS, 0), []
+    seen = set()
+    dropped = {"duplicate": 0, "empty": 0, "not_utf8": []}
+    files = dict.fromkeys(common.SPLITS, 0)
+    long = []
     with common.split_writers(stage, common.SPLITS) as writers:
         for split in common.SPLITS:
             ours = [p for p in packages if p["split"] == split]
             for p in sorted(ours, key=lambda p: norm(p["name"])):
-                texts, start = package_texts(p, seen, dropped), writers[split].count
+                texts = package_texts(p, seen, dropped)
+                start = writers[split].count
                 for i in range(0, len(texts), BATCH_FILES):
                     ids = enc.encode_ordinary_batch(texts[i:i + BATCH_FILES], num_threads=num_proc)
                     writers[split].write(np.concatenate([np.array(d + [EOT], np.uint16)
@@ -244,7 +252,9 @@ def write_splits(stage, packages, enc, num_proc):
 
 def packages_table():
     """--help's list of the pinned packages: split, name, version, wheel size, tokens, license."""
-    rows, size, tokens = [], 0, dict.fromkeys(common.SPLITS, 0)
+    rows = []
+    size = 0
+    tokens = dict.fromkeys(common.SPLITS, 0)
     for wheel, split, n, t, license, _ in PACKAGES:
         name, version = wheel.split("-")[:2]
         rows.append(f"  {split:5} {name:10} {version:10} {n / 2**20:5.2f} MiB {t:>11,}  {license}")
@@ -309,7 +319,9 @@ def main(argv=None):
         common.write_meta(stage, meta)
     if dropped["not_utf8"]:
         common.log(f"skipped {len(dropped['not_utf8'])} files not UTF-8 (meta.json: not_utf8)")
-    shown = {s: f"{n:,} file{'s' * (n != 1)}" for s, n in files.items()}
+    shown = {}
+    for split, n in files.items():
+        shown[split] = f"{n:,} file" if n == 1 else f"{n:,} files"
     common.report(args.out_dir, counts, shown)
     return counts
 

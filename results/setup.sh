@@ -10,7 +10,8 @@ IFS=, read -ra GPU <<< "${GPUS:-0}"
 export PYTHONUNBUFFERED=1
 trap 'echo "stopped: a command failed (exit $?); see the logs in $OUT" >&2' ERR
 mkdir -p "$OUT"
-SETTINGS='OBJECTIVE|VARIANT|SEEDS|POS_EMBS|STEPS|EXTRA|LABEL|RESULTS|TASKS|TAG|BOUNDS|PART|DATASET|SHARED|WHEELS|MAX_TOKENS'
+SETTINGS='OBJECTIVE|VARIANT|SEEDS|POS_EMBS|STEPS|EXTRA|LABEL|RESULTS|TASKS|TAG|BOUNDS|PART|DATASET'
+SETTINGS+='|SHARED|WHEELS|MAX_TOKENS'
 { echo "command: $(env | grep -E "^($SETTINGS)=" \
       | sed "s/=\(.*\)/='\1'/" | sort | paste -sd' ') bash $0 $*"
   echo "commit: ${POPE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
