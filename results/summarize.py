@@ -140,9 +140,9 @@ def targets():  # the arms with the loss on the target letter (the paper's objec
 def arm_name(a):
     return ARMS.get(a[0], a[0]) + ("" if a[1] == FULL else f", {a[1] // 1000}k steps")
 
-def lift(run, pct):
-    """The first eval step above pct% val accuracy of a run, None if it never passes it."""
-    return next((i for i, x in sorted(val_acc(run).items()) if 100 * x > pct), None)
+def lift(run, pct, never=None):
+    """The first eval step above pct% val accuracy of a run, `never` if it never passes it."""
+    return next((i for i, x in sorted(val_acc(run).items()) if 100 * x > pct), never)
 
 def step_k(run, pct):  # "12k", or "> 100k" where the run never passes pct% (its last eval)
     s = lift(run, pct)
@@ -163,7 +163,7 @@ def comparisons():
 
 def first(a, pa, b, pb, pct):
     """Who passes pct% val accuracy first, paired by seed: A first, B first, same, sign p."""
-    r = paired(*(arm(x, p, lambda run: -(lift(run, pct) or 1e9)) for x, p in ((a, pa), (b, pb))))
+    r = paired(*(arm(x, p, lambda run: -lift(run, pct, 1e9)) for x, p in ((a, pa), (b, pb))))
     return r["wins"], r["losses"], r["ties"], f"{r['sign_p']:.2g}"
 
 def solved(a, pe):
