@@ -5,9 +5,8 @@ It computes, per head, what model.py's PyTorch path computes (the PoPE paper's s
 2509.10534):
     a_ts = sm_scale * sum_c softplus(q)[t,c] softplus(k)[s,c] cos((s-t) theta_c + delta_c),
 a dot product of the 2D-long Cartesian vectors [mu cos(phase), mu sin(phase)], with theta and delta
-as model.py makes them (pope_frequencies, pope_delta). The kernel's @triton.jit helpers that must
-follow a change of PoPE (tests/test_kernel.py holds them to model.py) are: _softplus, _cos_sin,
-_cartesian_tile, _cartesian_grad, _relative_key and _decode_turn.
+as model.py makes them (pope_frequencies, pope_delta). model.py's porting note names the
+@triton.jit helpers that must follow a change of PoPE (tests/test_kernel.py holds them to it).
 
 Entry points: pope_attention, kernel_unsupported_reason; for model.KVCache's one-token steps
 decode_attention, decode_unsupported_reason, decode_launch. Query row i sits at position q_offset+i,
@@ -21,11 +20,8 @@ backward is FlashAttention-2's: pre-passes (Cartesian queries with rowsum(dO*O),
 dk/dv kernel and a dq kernel that load them, each mapping its gradient back to dq, dk and ddelta in
 its epilogue. No atomics: ddelta is summed per key block, then by torch in a fixed order: bitwise
 deterministic. One torch.library custom op with an autograd formula serves eager calls and
-torch.compile; launches go through Triton's launcher, GPU configs through triton.autotune.
-
-Layout, as Triton's fused-attention tutorial: PoPE's math; the forward kernels with their configs;
-the backward kernels with theirs; the decoding kernel; the custom ops; launch helpers; entry points;
-last, the shims for Triton's CPU interpreter.
+torch.compile; launches go through Triton's launcher, GPU configs through triton.autotune. The
+sections follow Triton's fused-attention tutorial; the CPU interpreter's shims come last.
 """
 
 import contextlib

@@ -55,6 +55,13 @@ def pick_device(name):
     return device
 
 
+def host_memory():
+    """The host's RAM in bytes (inf without sysconf: Windows)."""
+    if not hasattr(os, "sysconf"):
+        return math.inf
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def main(argv=None):
     """sample.py's command line (argv: its arguments; None: sys.argv's)."""
     raw = argparse.RawDescriptionHelpFormatter
@@ -78,7 +85,7 @@ def main(argv=None):
     device = pick_device(args.device)
     cuda = device.type == "cuda"
     mode = args.decode
-    if mode == "auto":  # a graph's capture costs about as much as a few dozen eager steps
+    if mode == "auto":
         mode = "graph" if cuda and args.max_new_tokens > GRAPH_MIN_TOKENS else "eager"
     if mode != "eager" and not cuda:
         sys.exit(f"error: --decode={mode} needs CUDA; use --decode=eager on {args.device}")
@@ -106,12 +113,13 @@ def main(argv=None):
         fmt = format_module(meta)
     except (CheckpointError, PrepareError, ValueError) as e:
         die(e)
-    V = model.config.vocab_size
+    cfg = model.config
+    V = cfg.vocab_size
     if "vocab_size" in meta and model_vocab(meta) != V:  # (sampling would draw wrong ids silently)
         die(f"{ckpt_path}: its model has vocab_size {V}, its meta's tokenizer {model_vocab(meta)}: "
             "save it with the meta.json of the data it was trained on")
     if fmt is not None:  # the dataset's own token names, e.g. "<s> C5 G4 E4 C3" for JSB
-        enc = getattr(fmt, "encode_prompt", None) or getattr(fmt, "encode", None)  # a prompt: open
+        enc = getattr(fmt, "encode_prompt", None) or getattr(fmt, "encode", None)
         if enc:
             encode = partial(enc, meta=meta)
         if hasattr(fmt, "decode"):
@@ -123,11 +131,15 @@ def main(argv=None):
         sys.exit(f"error: cannot encode --start={start[:40]!r}: {e}")
     if not ids:
         sys.exit("error: the prompt encodes to no tokens; give a non-empty --start")
-    context = args.context or model.config.block_size
+    context = args.context or cfg.block_size
     if len(ids) > context:
         print(f"note: the prompt has {len(ids)} tokens, more than the context of {context}: "
               f"keeping its last {context} (--context=N holds more)", file=sys.stderr)
         ids = ids[-context:]
+    cache = 2 * cfg.n_layer * args.num_samples * context * cfg.n_embd * 2  # k and v, >= 2 bytes
+    if not cuda and cache > host_memory():  # CUDA fails at once; an overcommitting host is killed
+        die(f"a KV cache of {args.num_samples} samples x {context} positions needs at least "
+            f"{cache / 2**30:,.1f} GiB, more than the host's RAM: lower --num_samples or --context")
     torch.manual_seed(args.seed)
     dtype = args.dtype
     if dtype == "auto":

@@ -99,7 +99,7 @@ DEFAULTS = {k: v for k, v in globals().items()
 MODEL_KEYS = [k for k in GPTConfig.__dataclass_fields__ if k != "vocab_size"]  # (the data's)
 RESUME_MAY_CHANGE = ("attn_impl", "dropout")  # the model keys a resume may set anew
 FINETUNE_KEEPS = "n_layer n_head n_embd bias pos_emb pope_base rope_base pope_delta_bound".split()
-RESUMES_FROM = ("optimizer", "config", "meta", "data", "iter_num", "best_val_loss")  # (its keys)
+RESUMES_FROM = ("optimizer", "config", "meta", "data", "iter_num", "best_val_loss")
 SPLIT_NAMES = ("train", "val", "test")  # eval_splits' choices (an eval's batches seed by index)
 TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # torchrun sets all
 MAX_BATCH_TOKENS = 1 << 24  # batch_size x block_size: a micro-batch's positions (int64 indices)

@@ -93,9 +93,13 @@ def mean_std(xs, nd):  # a single value without the ± (no sample std)
     std = f" ± {np.std(xs, ddof=1):,.{nd}f}" if len(xs) > 1 else ""
     return f"{np.mean(xs):,.{nd}f}{std}"
 
+def env_fields(f):
+    """The fields of a provenance file results/setup.sh wrote."""
+    return dict(line.split(": ", 1) for line in raw(f).splitlines() if ": " in line)
+
 def t_env(folder):
     """Each provenance file results/setup.sh wrote under folder."""
-    envs = {f: dict(line.split(": ", 1) for line in raw(f).splitlines() if ": " in line)
+    envs = {f: env_fields(f)
             for f in sorted(glob.glob(f"{folder}/**/*env*.txt", root_dir=R, recursive=True))}
     rows = [[f"`{f}`", *(e.get(k) for k in ("commit", "dirty", "date", "gpus", "mps")),
              f"`{e['command'].strip()}`"] for f, e in envs.items()]
@@ -140,9 +144,9 @@ def targets():  # the arms with the loss on the target letter (the paper's objec
 def arm_name(a):
     return ARMS.get(a[0], a[0]) + ("" if a[1] == FULL else f", {a[1] // 1000}k steps")
 
-def lift(run, pct):
-    """The first eval step above pct% val accuracy of a run, None if it never passes it."""
-    return next((i for i, x in sorted(val_acc(run).items()) if 100 * x > pct), None)
+def lift(run, pct, never=None):
+    """The first eval step above pct% val accuracy of a run, `never` if it never passes it."""
+    return next((i for i, x in sorted(val_acc(run).items()) if 100 * x > pct), never)
 
 def step_k(run, pct):  # "12k", or "> 100k" where the run never passes pct% (its last eval)
     s = lift(run, pct)
@@ -163,7 +167,7 @@ def comparisons():
 
 def first(a, pa, b, pb, pct):
     """Who passes pct% val accuracy first, paired by seed: A first, B first, same, sign p."""
-    r = paired(*(arm(x, p, lambda run: -(lift(run, pct) or 1e9)) for x, p in ((a, pa), (b, pb))))
+    r = paired(*(arm(x, p, lambda run: -lift(run, pct, 1e9)) for x, p in ((a, pa), (b, pb))))
     return r["wins"], r["losses"], r["ties"], f"{r['sign_p']:.2g}"
 
 def solved(a, pe):
@@ -408,7 +412,9 @@ TABLES.update(
     claims=lambda: table(["claim", "paper", "ours", "verdict", "where"], [c[:5] for c in claims()]),
     ii_seeds=lambda: t_ii_seeds(True), ii_seeds_all=lambda: t_ii_seeds(False),
     ii_paired=lambda: t_ii_paired(True), ii_paired_all=lambda: t_ii_paired(False),
-    sample_time=lambda: table(["sample.py of", "caches", *CALL_HEAD], calls("sampletime")),
+    sample_time=lambda: table(["sample.py of", "caches", *CALL_HEAD, "MPS"],
+                              [(*c, env_fields(f"sample/time-to-sample/env-{c[0]}.txt")["mps"])
+                               for c in calls("sampletime")]),
     sample_decode=lambda: table(["decoding", "new tokens", *CALL_HEAD], calls("sampledecode")),
     env_ii=lambda: t_env(II), env_tasks=lambda: t_env("tasks"),
     env_gpu_tests=lambda: t_env("gpu_tests"),

@@ -50,6 +50,8 @@ def test_lift_off_from_a_log_or_metrics_and_censored_runs(tmp_path):
     assert [s.step_k(runs[7, "rope"], p) for p in (5, 15, 50)] == ["2k", "6k", "> 10k"]
     assert s.step_k(runs[7, "pope"], 85) == "> 10k"  # censored at the last periodic eval
     assert s.first(("target", s.FULL), "pope", ("target", s.FULL), "rope", 15)[:3] == (1, 0, 0)
+    # 0.5%: PoPE passes at step 0 (counted as a pass, not as never), RoPE at 2,000
+    assert s.first(("target", s.FULL), "pope", ("target", s.FULL), "rope", 0.5)[:3] == (1, 0, 0)
 
 
 def test_runs_are_found_by_their_folders(tmp_path):

@@ -60,6 +60,21 @@ def test_the_padded_gpt2_vocabulary_samples(tmp_path, capsys):
 
 @pytest.mark.parametrize("flag", ["--context=1099511627776", "--num_samples=1099511627776"])
 def test_a_kv_cache_too_large_to_allocate_is_one_line(tmp_path, flag):
-    """2**40 positions or samples (past any machine's memory): the allocation fails at once."""
+    """2**40 positions or samples (past any machine's memory): refused before any allocation, also
+    on a host that overcommits (where allocating would start and get the process killed)."""
     ck = save(tmp_path / "m.pt", len(ITOS), {"vocab_size": len(ITOS), "itos": ITOS})
     assert flag.split("=")[0] in script_error(sample.main, [f"--ckpt={ck}", *CPU, flag])
+
+
+@pytest.mark.parametrize("memory, refused", [(2**20, True), (2**30, False)])
+def test_a_kv_cache_larger_than_the_hosts_memory_is_refused(tmp_path, monkeypatch, capsys,
+                                                              memory, refused):
+    """The check compares the cache with the host's RAM, not with what malloc grants."""
+    ck = save(tmp_path / "m.pt", len(ITOS), {"vocab_size": len(ITOS), "itos": ITOS})
+    monkeypatch.setattr(sample, "host_memory", lambda: memory)
+    argv = [f"--ckpt={ck}", *CPU, "--num_samples=8", "--context=4096", "--max_new_tokens=2"]
+    if refused:
+        assert "--num_samples" in script_error(sample.main, argv)
+    else:
+        sample.main(argv)
+        assert capsys.readouterr().out.count("---------------") == 8
