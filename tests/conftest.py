@@ -33,9 +33,8 @@ if "TIKTOKEN_CACHE_DIR" not in os.environ:
 
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected what they deselect
 def pytest_collection_modifyitems(session, config, items):
-    """test_kernel.py's interpreter suite (about 50 s on one core) starts once the tests are
-    collected, at the lowest CPU priority, when test_interpreter_suite is selected; that test, moved
-    last, waits for it."""
+    """test_kernel.py's interpreter suite starts once the tests are collected, when
+    test_interpreter_suite is selected; that test, moved last, waits for it."""
     suite = [item for item in items if item.name == "test_interpreter_suite"]
     for item in suite:
         items.remove(item)

@@ -5,8 +5,7 @@ starts as NaN.
 
 Triton reads TRITON_INTERPRET when it is first imported: unless the whole run has
 TRITON_INTERPRET=1, test_interpreter_suite runs this file again in a fresh `python -m pytest` with
-it set (started at collection, at the lowest CPU priority: conftest.py), and the other tests here
-skip in the parent."""
+it set (started at collection: conftest.py), and the other tests here skip in the parent."""
 import atexit
 import math
 import os
