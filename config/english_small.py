@@ -8,7 +8,9 @@
 # Val is a held-out corpus of long documents (65 State of the Union addresses),
 # which eval_extrapolation.py reads at 1-10x the context.
 # Data:  python prepare/openwebtext.py --out_dir data/english \
-#            --input $POPE_SHARED_DATA/text/owt_sample.jsonl $POPE_SHARED_DATA/text/english/{abc,brown,inaugural,movie_reviews,tinyshakespeare,webtext}.txt \
+#            --input $POPE_SHARED_DATA/text/owt_sample.jsonl \
+#            $POPE_SHARED_DATA/text/english/{abc,brown,inaugural}.txt \
+#            $POPE_SHARED_DATA/text/english/{movie_reviews,tinyshakespeare,webtext}.txt \
 #            --val_input $POPE_SHARED_DATA/text/english/state_union.txt
 # Usage: python train.py config/english_small.py                               (PoPE)
 #        python train.py config/english_small.py --pos_emb=rope --out_dir=out-english-rope

@@ -8,7 +8,7 @@
 # weight decay 0.1, no dropout.
 # Data:  python prepare/genome.py --input hg38.fa.gz      (or $POPE_SHARED_DATA/genome/chr20.fa.gz)
 # Usage: python train.py config/genome.py                      (PoPE)
-#        python train.py config/genome.py --pos_emb=rope --out_dir=out-genome-rope   (the RoPE baseline: the same config)
+#        python train.py config/genome.py --pos_emb=rope --out_dir=out-genome-rope   (RoPE)
 #        torchrun --standalone --nproc_per_node=8 train.py config/genome.py
 out_dir = "out-genome-pope"
 dataset = "genome"

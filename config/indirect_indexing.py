@@ -9,9 +9,11 @@
 # by train.py's eval ("acc", over the masked target tokens only).
 # Data:  python prepare/indirect_indexing.py           (1M / 10k / 10k examples, rows of 52)
 # Usage: python train.py config/indirect_indexing.py                      (PoPE)
-#        python train.py config/indirect_indexing.py --pos_emb=rope --out_dir=out-indirect-indexing-rope   (the RoPE baseline: the same config)
+#        python train.py config/indirect_indexing.py --pos_emb=rope \
+#            --out_dir=out-indirect-indexing-rope   (RoPE)
 # Test accuracy of the checkpoint:
-#        python train.py config/indirect_indexing.py --init_from=resume --eval_only=True --eval_full=True --eval_splits=test
+#        python train.py config/indirect_indexing.py --init_from=resume --eval_only=True \
+#            --eval_full=True --eval_splits=test
 out_dir = "out-indirect-indexing-pope"
 dataset = "indirect_indexing"
 pos_emb = "pope"

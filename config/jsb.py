@@ -10,9 +10,10 @@
 # loss mask drops the <s>/padding), on the whole test split.
 # Data:  python prepare/jsb.py --input $POPE_SHARED_DATA/music/Jsb16thSeparated.json
 # Usage: python train.py config/jsb.py                      (PoPE)
-#        python train.py config/jsb.py --pos_emb=rope --out_dir=out-jsb-rope   (the RoPE baseline: the same config)
+#        python train.py config/jsb.py --pos_emb=rope --out_dir=out-jsb-rope   (RoPE)
 # Test NLL of the checkpoint:
-#        python train.py config/jsb.py --init_from=resume --eval_only=True --eval_full=True --eval_splits=test
+#        python train.py config/jsb.py --init_from=resume --eval_only=True --eval_full=True \
+#            --eval_splits=test
 out_dir = "out-jsb-pope"
 dataset = "jsb"
 pos_emb = "pope"

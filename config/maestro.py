@@ -7,9 +7,10 @@
 # dropout 0.1.
 # Data:  pip install miditok && python prepare/maestro.py --input $POPE_SHARED_DATA/music/maestro
 # Usage: python train.py config/maestro.py                      (PoPE)
-#        python train.py config/maestro.py --pos_emb=rope --out_dir=out-maestro-rope   (the RoPE baseline: the same config)
+#        python train.py config/maestro.py --pos_emb=rope --out_dir=out-maestro-rope   (RoPE)
 # Test NLL of the checkpoint:
-#        python train.py config/maestro.py --init_from=resume --eval_only=True --eval_full=True --eval_splits=test
+#        python train.py config/maestro.py --init_from=resume --eval_only=True --eval_full=True \
+#            --eval_splits=test
 out_dir = "out-maestro-pope"
 dataset = "maestro"
 pos_emb = "pope"
@@ -17,9 +18,9 @@ pope_delta_init = "uniform"
 n_layer = 6
 n_head = 8
 n_embd = 384
-# head dim 48, which the PoPE Triton kernel does not take (32, 64, 128): PoPE runs model.py's PyTorch
-# path either way. "torch" says so in the log's attention line; "auto" would find it out in every
-# attention call on CUDA, where its warnings.warn breaks a torch.compile graph (one per layer).
+# head dim 48, which the PoPE Triton kernel does not take (32, 64, 128): PoPE runs model.py's
+# PyTorch path either way. "torch" says so in the log's attention line; "auto" would find it out in
+# every attention call on CUDA, where its warning breaks a torch.compile graph (one per layer).
 attn_impl = "torch"
 block_size = 2048
 dropout = 0.1
