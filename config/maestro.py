@@ -19,8 +19,7 @@ n_layer = 6
 n_head = 8
 n_embd = 384
 # head dim 48, which the PoPE Triton kernel does not take (32, 64, 128): PoPE runs model.py's
-# PyTorch path either way. "torch" says so in the log's attention line; "auto" would find it out in
-# every attention call on CUDA, where its warning breaks a torch.compile graph (one per layer).
+# PyTorch path either way ("auto" would pick it too)
 attn_impl = "torch"
 block_size = 2048
 dropout = 0.1
