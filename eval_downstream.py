@@ -1,13 +1,15 @@
-"""
+r"""
 Zero-shot evaluation of checkpoints on the PoPE paper's Table 5 tasks (LAMBADA,
 BLiMP, CBT, HellaSwag, PIQA, ARC-Easy) with EleutherAI's lm-evaluation-harness
 (pip install "lm-eval>=0.4,<0.5").
 
 Usage:
-    python eval_downstream.py --ckpt PATH [PATH ...] [--tasks lambada,blimp,cbt,hellaswag,piqa,arc_easy]
+    python eval_downstream.py --ckpt PATH [PATH ...]
+        [--tasks lambada,blimp,cbt,hellaswag,piqa,arc_easy]
         [--data_dir DIR] [--limit N] [--batch_size N] [--device auto|cpu|cuda|cuda:N]
         [--json out.json] [--trust_remote_code]
-    e.g. python eval_downstream.py --ckpt out-pope/ckpt.pt out-rope/ckpt.pt --data_dir $POPE_SHARED_DATA/evals
+    e.g. python eval_downstream.py --ckpt out-pope/ckpt.pt out-rope/ckpt.pt \
+             --data_dir $POPE_SHARED_DATA/evals
 
 The tasks are the harness's own (prompts, metrics, BLiMP's 67-paradigm mean):
 lambada_openai, blimp, hellaswag, piqa, arc_easy, plus ours for CBT, which the
@@ -43,7 +45,7 @@ from prepare.common import (AT_LEAST_1, DEVICE_RULE, PrepareError, check_flags, 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIG_DIR = os.path.join(ROOT, "config", "lm_eval")
 EOT = 50256  # GPT-2's <|endoftext|>
-# our name: (table column, harness task or group, its folder in lm_eval/tasks, metric, group of ours offline)
+# our name: (table column, harness task/group, folder in lm_eval/tasks, metric, our group offline)
 TASKS = {
     "lambada": ("LAMBADA", "lambada_openai", "lambada", "acc", False),
     "blimp": ("BLiMP", "blimp", "blimp", "acc", True),
@@ -54,10 +56,12 @@ TASKS = {
 }
 POS_NAMES = {"pope": "PoPE", "rope": "RoPE", "none": "NoPE"}
 FLAGS = {"limit": AT_LEAST_1, "batch_size": AT_LEAST_1, "device": DEVICE_RULE}  # as train.py RULES
-# what each task reads in --data_dir (config/lm_eval/local_data.py): a folder with none is a wrong path
-LOCAL_FILES = {"lambada": ["lambada_openai.jsonl"], "blimp": ["blimp"], "hellaswag": ["hellaswag_val.txt"],
-               "piqa": ["piqa.jsonl"], "arc_easy": ["arc_easy.jsonl"],
-               "cbt": [os.path.join(d, n) for d in ("", "cbt", "CBTest/data") for sub in ("CN", "NE")
+# what each task reads in --data_dir (config/lm_eval/local_data.py): none there is a wrong path
+LOCAL_FILES = {"lambada": ["lambada_openai.jsonl"], "blimp": ["blimp"],
+               "hellaswag": ["hellaswag_val.txt"], "piqa": ["piqa.jsonl"],
+               "arc_easy": ["arc_easy.jsonl"],
+               "cbt": [os.path.join(d, n) for d in ("", "cbt", "CBTest/data")
+                       for sub in ("CN", "NE")
                        for n in (f"cbtest_{sub}_test_2500ex.txt", f"cbt_{sub}.jsonl")]}
 
 
@@ -94,9 +98,11 @@ def make_lm(model, encode, *, batch_size=8, device="cpu", vocab_size=50257):
                     logits, _ = model(x, x)  # targets given: logits at every position
                 for r, (i, q) in enumerate(zip(idx, seqs)):
                     n = min(len(pairs[i][1]), len(q) - 1)
-                    lp = F.log_softmax(logits[r, len(q) - 1 - n:len(q) - 1, :vocab_size].float(), dim=-1)
+                    lg = logits[r, len(q) - 1 - n:len(q) - 1, :vocab_size]
+                    lp = F.log_softmax(lg.float(), dim=-1)
                     tgt = torch.tensor(q[len(q) - n:], device=lp.device)  # n == 0: (0.0, True)
-                    out[i] = (lp.gather(1, tgt[:, None]).sum().item(), bool((lp.argmax(-1) == tgt).all()))
+                    out[i] = (lp.gather(1, tgt[:, None]).sum().item(),
+                              bool((lp.argmax(-1) == tgt).all()))
             return out
 
         def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
@@ -106,7 +112,8 @@ def make_lm(model, encode, *, batch_size=8, device="cpu", vocab_size=50257):
             """Sum of log p over a whole text: the harness's disjoint rolling windows."""
             windows, owner = [], []
             for k, req in enumerate(requests):
-                for w in get_rolling_token_windows(self.tok_encode(req.args[0]), EOT, self.max_length, 1):
+                for w in get_rolling_token_windows(self.tok_encode(req.args[0]), EOT,
+                                                   self.max_length, 1):
                     windows.append(make_disjoint_window(w))
                     owner.append(k)
             totals = [0.0] * len(requests)
@@ -122,14 +129,16 @@ def make_lm(model, encode, *, batch_size=8, device="cpu", vocab_size=50257):
 
 def check_checkpoint(path):
     """(meta, encode) of a checkpoint; a one-line error for anything but a GPT-2-tokenized model."""
-    try:  # every checkpoint before any task runs: else a damaged one stops the run after the others' tasks
+    # every checkpoint before any task: else a damaged one stops the run after the others' tasks
+    try:
         ckpt = read_checkpoint(path)
     except CheckpointError as e:
         die(str(e))
     meta = ckpt.get("meta") or {}
     if meta.get("tokenizer") != "gpt2":
         die(f"eval_downstream.py needs a GPT-2-tokenized language model; {path} was trained on "
-            f"{(ckpt.get('config') or {}).get('dataset', 'a dataset')} (vocab {meta.get('vocab_size', '?')})")
+            f"{(ckpt.get('config') or {}).get('dataset', 'a dataset')} "
+            f"(vocab {meta.get('vocab_size', '?')})")
     try:
         return meta, codec(meta)[0]  # loads tiktoken's gpt2 files now
     except PrepareError as e:
@@ -138,7 +147,8 @@ def check_checkpoint(path):
 
 def hub_reachable(timeout=3.0):
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    with contextlib.suppress(OSError), socket.create_connection((url.hostname, url.port or 443), timeout):
+    address = (url.hostname, url.port or 443)
+    with contextlib.suppress(OSError), socket.create_connection(address, timeout):
         return True
     return False
 
@@ -154,7 +164,8 @@ def task_manager(tasks, data_dir=None, limit=None):
 
 
 def evaluate(lm, tasks, data_dir=None, limit=None, batch_size=None, device=None):
-    """The harness on our tasks: (its results or None, {task: accuracy}, {task: why it did not run})."""
+    """The harness on our tasks:
+    (its results or None, {task: accuracy}, {task: why it did not run})."""
     import lm_eval
     logging.getLogger("lm_eval.api.task").addFilter(lambda r: "Custom kwargs" not in r.getMessage())
     tm = task_manager(tasks, data_dir, limit)
@@ -166,8 +177,11 @@ def evaluate(lm, tasks, data_dir=None, limit=None, batch_size=None, device=None)
             objs.append(loaded["groups"].get(spec) or loaded["tasks"][spec])
         except Exception as e:  # no local file, hub unreachable, ...
             msg = (str(e).strip().splitlines() or [""])[0]
-            errors[t] = msg if msg.startswith("no data") else f"could not load its data: " \
-                f"{type(e).__name__}: {msg}" + ("" if data_dir else "; or pass --data_dir with local copies")
+            if msg.startswith("no data"):
+                errors[t] = msg
+            else:
+                errors[t] = (f"could not load its data: {type(e).__name__}: {msg}"
+                             + ("" if data_dir else "; or pass --data_dir with local copies"))
             print(f"{t}: {errors[t]}", file=sys.stderr)
     if not objs:
         return None, {}, errors
@@ -175,7 +189,8 @@ def evaluate(lm, tasks, data_dir=None, limit=None, batch_size=None, device=None)
         res = lm_eval.simple_evaluate(model=lm, tasks=objs, task_manager=tm, limit=limit,
                                       batch_size=batch_size, device=device, log_samples=False,
                                       bootstrap_iters=1000)
-    keys = {t: ("local_" if data_dir and TASKS[t][4] else "") + TASKS[t][1] for t in tasks if t not in errors}
+    keys = {t: ("local_" if data_dir and TASKS[t][4] else "") + TASKS[t][1]
+            for t in tasks if t not in errors}
     return res, {t: res["results"][k][TASKS[t][3] + ",none"] for t, k in keys.items()}, errors
 
 
@@ -184,7 +199,9 @@ def format_table(rows, tasks):
     head = ["Model"] + [TASKS[t][0] for t in tasks] + ["Avg"]
     lines, notes = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)], []
     for label, table, errors in rows:
-        avg = f"{100 * sum(table.values()) / len(table):.1f}" + ("*" if errors else "") if table else "-"
+        avg = "-"
+        if table:
+            avg = f"{100 * sum(table.values()) / len(table):.1f}" + ("*" if errors else "")
         cells = [f"{100 * table[t]:.1f}" if t in table else "-" for t in tasks]
         lines.append("| " + " | ".join([label, *cells, avg]) + " |")
         notes += [f"* {label}: {t} did not run ({why})" for t, why in errors.items()]
@@ -193,13 +210,19 @@ def format_table(rows, tasks):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", nargs="+", required=True, help="train.py checkpoint(s), one table row each")
-    p.add_argument("--tasks", default="all", help=f"comma-separated subset of {','.join(TASKS)}, or all")
-    p.add_argument("--data_dir", help="local copies of the data, e.g. $POPE_SHARED_DATA/evals (offline)")
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", nargs="+", required=True,
+                   help="train.py checkpoint(s), one table row each")
+    p.add_argument("--tasks", default="all",
+                   help=f"comma-separated subset of {','.join(TASKS)}, or all")
+    p.add_argument("--data_dir",
+                   help="local copies of the data, e.g. $POPE_SHARED_DATA/evals (offline)")
     p.add_argument("--limit", type=int, help="first N documents per task (BLiMP: per paradigm)")
-    p.add_argument("--batch_size", type=int, help="sequences per forward pass (default 32 on CUDA, 8 on CPU)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
+    p.add_argument("--batch_size", type=int,
+                   help="sequences per forward pass (default 32 on CUDA, 8 on CPU)")
+    p.add_argument("--device", default="auto",
+                   help="auto (CUDA when available), cpu, cuda or cuda:N")
     p.add_argument("--json", help="write the harness's full results per checkpoint here")
     p.add_argument("--trust_remote_code", action="store_true",
                    help="let a dataset's loading script run (never done without this flag)")
@@ -210,10 +233,12 @@ def main(argv=None):
     if set(names) - set(TASKS) or not tasks:
         p.error(f"--tasks {args.tasks!r}: choose from {','.join(TASKS)} or all")
     check_flags(args, FLAGS)  # (None: the default; 0 is no default but a mistake)
+    # one line, not a line per task
     if args.data_dir and not any(os.path.exists(os.path.join(args.data_dir, n))
-                                 for t in tasks for n in LOCAL_FILES[t]):  # one line, not a line per task
-        die(f"--data_dir {args.data_dir} holds none of {', '.join(LOCAL_FILES[t][0] for t in tasks)}; point "
-            "it at local copies (e.g. $POPE_SHARED_DATA/evals) or leave it out for the Hugging Face datasets")
+                                 for t in tasks for n in LOCAL_FILES[t]):
+        die(f"--data_dir {args.data_dir} holds none of "
+            f"{', '.join(LOCAL_FILES[t][0] for t in tasks)}; point it at local copies "
+            "(e.g. $POPE_SHARED_DATA/evals) or leave it out for the Hugging Face datasets")
     checked = [check_checkpoint(c) for c in args.ckpt]  # refuse before running anything
     try:
         if args.json:
@@ -224,21 +249,25 @@ def main(argv=None):
         os.environ.pop("HF_DATASETS_TRUST_REMOTE_CODE", None)
     if args.data_dir or not hub_reachable():  # datasets and huggingface_hub read these at import
         if not args.data_dir:
-            print("note: the Hugging Face hub is unreachable; only cached datasets load", file=sys.stderr)
+            print("note: the Hugging Face hub is unreachable; only cached datasets load",
+                  file=sys.stderr)
         os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ.setdefault("DISABLE_MULTIPROC", "1")  # the harness's bootstrap: no process pool
     try:
         import datasets
-        from lm_eval.utils import handle_non_serializable  # for --json: the harness's configs hold functions
+        # for --json: the harness's configs hold functions
+        from lm_eval.utils import handle_non_serializable
     except ImportError as e:
-        die(f'eval_downstream.py needs lm-evaluation-harness: pip install "lm-eval>=0.4,<0.5" ({e})')
+        die('eval_downstream.py needs lm-evaluation-harness: pip install "lm-eval>=0.4,<0.5" '
+            f"({e})")
     if args.trust_remote_code:  # as the harness's own --trust_remote_code does
         datasets.config.HF_DATASETS_TRUST_REMOTE_CODE = True
 
     device = resolve_device(args.device)
     batch_size = args.batch_size or (32 if device.startswith("cuda") else 8)
-    rows, report = [], {"tasks": tasks, "data_dir": args.data_dir, "limit": args.limit, "device": device,
-                        "batch_size": batch_size, "models": []}
+    rows = []
+    report = {"tasks": tasks, "data_dir": args.data_dir, "limit": args.limit, "device": device,
+              "batch_size": batch_size, "models": []}
     for path, (meta, encode) in zip(args.ckpt, checked):
         try:
             model, _ = load_checkpoint(path, device=device)
@@ -253,9 +282,9 @@ def main(argv=None):
                      vocab_size=meta.get("vocab_size", 50257))
         res, table, errors = evaluate(lm, tasks, args.data_dir, args.limit, batch_size, device)
         rows.append((label, table, errors))
-        report["models"].append({"ckpt": path, "label": label, "pos_emb": cfg.pos_emb, "n_params": n_params,
-                                 "block_size": cfg.block_size, "table": table, "errors": errors,
-                                 "harness": res})
+        report["models"].append({"ckpt": path, "label": label, "pos_emb": cfg.pos_emb,
+                                 "n_params": n_params, "block_size": cfg.block_size,
+                                 "table": table, "errors": errors, "harness": res})
         del model, lm
     print(format_table(rows, tasks))
     if args.json:

@@ -8,7 +8,9 @@
 # Val is a held-out corpus of long documents (65 State of the Union addresses),
 # which eval_extrapolation.py reads at 1-10x the context.
 # Data:  python prepare/openwebtext.py --out_dir data/english \
-#            --input $POPE_SHARED_DATA/text/owt_sample.jsonl $POPE_SHARED_DATA/text/english/{abc,brown,inaugural,movie_reviews,tinyshakespeare,webtext}.txt \
+#            --input $POPE_SHARED_DATA/text/owt_sample.jsonl \
+#            $POPE_SHARED_DATA/text/english/{abc,brown,inaugural}.txt \
+#            $POPE_SHARED_DATA/text/english/{movie_reviews,tinyshakespeare,webtext}.txt \
 #            --val_input $POPE_SHARED_DATA/text/english/state_union.txt
 # Usage: python train.py config/english_small.py                               (PoPE)
 #        python train.py config/english_small.py --pos_emb=rope --out_dir=out-english-rope
@@ -16,17 +18,24 @@ out_dir = "out-english-pope"
 dataset = "english"
 pos_emb = "pope"
 pope_delta_init = "zero"
-n_layer, n_head, n_embd = 6, 6, 384
+n_layer = 6
+n_head = 6
+n_embd = 384
 block_size = 512
 dropout = 0.0
 batch_size = 32
 gradient_accumulation_steps = 1
-learning_rate, min_lr = 1e-3, 1e-4
-max_iters = lr_decay_iters = 1200
+learning_rate = 1e-3
+min_lr = 1e-4
+max_iters = 1200
+lr_decay_iters = 1200
 warmup_iters = 100
 weight_decay = 0.01
-beta1, beta2 = 0.9, 0.95
+beta1 = 0.9
+beta2 = 0.95
 grad_clip = 1.0
-eval_interval, eval_iters, log_interval = 100, 40, 20
+eval_interval = 100
+eval_iters = 40
+log_interval = 20
 always_save_checkpoint = True  # the final checkpoint: PoPE and RoPE compared at equal tokens
 compile = True

@@ -10,18 +10,23 @@
 #               config/pope_124m.py), saved as rope_scaling_orig_len.
 #
 # Usage:
-#   python train.py config/finetune_long.py --init_from=out-pope-124m/ckpt.pt   # PoPE+ft -> out-pope-ft
-#   python train.py config/finetune_long.py --init_from=out-rope-124m/ckpt.pt --rope_scaling=4.0 --out_dir=out-rope-yarn
-#   torchrun --standalone --nproc_per_node=8 train.py config/finetune_long.py --init_from=out-pope-124m/ckpt.pt
+#   python train.py config/finetune_long.py \
+#       --init_from=out-pope-124m/ckpt.pt   # PoPE+ft -> out-pope-ft
+#   python train.py config/finetune_long.py --init_from=out-rope-124m/ckpt.pt --rope_scaling=4.0 \
+#       --out_dir=out-rope-yarn
+#   torchrun --standalone --nproc_per_node=8 train.py config/finetune_long.py \
+#       --init_from=out-pope-124m/ckpt.pt
 # The data is train.py's default dataset (openwebtext) unless --dataset names another:
 # pass the source checkpoint's (e.g. --dataset=english for config/english_small.py models).
-# then: python eval_extrapolation.py --ckpt out-pope-124m/ckpt.pt out-pope-ft/ckpt.pt out-rope-yarn/ckpt.pt \
+# then: python eval_extrapolation.py \
+#           --ckpt out-pope-124m/ckpt.pt out-pope-ft/ckpt.pt out-rope-yarn/ckpt.pt \
 #           --data data/openwebtext/val.bin
 
 init_from = "out-pope-124m/ckpt.pt"  # config/pope_124m.py's; another: --init_from=path/to/ckpt.pt
 out_dir = "out-pope-ft"
 block_size = 4 * 1024
-rope_scaling = 1.0  # YaRN s, for RoPE checkpoints only (1.0: no YaRN; a RoPE source then gives "RoPE+ft")
+# YaRN s, for RoPE checkpoints only (1.0: no YaRN; a RoPE source then gives "RoPE+ft")
+rope_scaling = 1.0
 rope_scaling_orig_len = 0  # 0: the source checkpoint's block_size
 
 # 64 sequences per step (batch_size x gradient_accumulation_steps; accumulation is

@@ -8,22 +8,29 @@
 # weight decay 0.1, no dropout.
 # Data:  python prepare/genome.py --input hg38.fa.gz      (or $POPE_SHARED_DATA/genome/chr20.fa.gz)
 # Usage: python train.py config/genome.py                      (PoPE)
-#        python train.py config/genome.py --pos_emb=rope --out_dir=out-genome-rope   (the RoPE baseline: the same config)
+#        python train.py config/genome.py --pos_emb=rope --out_dir=out-genome-rope   (RoPE)
 #        torchrun --standalone --nproc_per_node=8 train.py config/genome.py
 out_dir = "out-genome-pope"
 dataset = "genome"
 pos_emb = "pope"
 pope_delta_init = "uniform"
-n_layer, n_head, n_embd = 16, 16, 1024
+n_layer = 16
+n_head = 16
+n_embd = 1024
 block_size = 1000
 dropout = 0.0
 batch_size = 16
 gradient_accumulation_steps = 8  # 16 x 8 = 128 sequences per step (split over DDP ranks)
-learning_rate, min_lr = 3e-4, 3e-5
-max_iters = lr_decay_iters = 20000
+learning_rate = 3e-4
+min_lr = 3e-5
+max_iters = 20000
+lr_decay_iters = 20000
 warmup_iters = 2000
 weight_decay = 0.1
-beta1, beta2 = 0.9, 0.95
+beta1 = 0.9
+beta2 = 0.95
 grad_clip = 1.0
-eval_interval, eval_iters, log_interval = 1000, 50, 10
+eval_interval = 1000
+eval_iters = 50
+log_interval = 10
 always_save_checkpoint = False

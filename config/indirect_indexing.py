@@ -9,23 +9,32 @@
 # by train.py's eval ("acc", over the masked target tokens only).
 # Data:  python prepare/indirect_indexing.py           (1M / 10k / 10k examples, rows of 52)
 # Usage: python train.py config/indirect_indexing.py                      (PoPE)
-#        python train.py config/indirect_indexing.py --pos_emb=rope --out_dir=out-indirect-indexing-rope   (the RoPE baseline: the same config)
+#        python train.py config/indirect_indexing.py --pos_emb=rope \
+#            --out_dir=out-indirect-indexing-rope   (RoPE)
 # Test accuracy of the checkpoint:
-#        python train.py config/indirect_indexing.py --init_from=resume --eval_only=True --eval_full=True --eval_splits=test
+#        python train.py config/indirect_indexing.py --init_from=resume --eval_only=True \
+#            --eval_full=True --eval_splits=test
 out_dir = "out-indirect-indexing-pope"
 dataset = "indirect_indexing"
 pos_emb = "pope"
 pope_delta_init = "uniform"
-n_layer, n_head, n_embd = 8, 8, 512
+n_layer = 8
+n_head = 8
+n_embd = 512
 block_size = 51  # rows of 52 tokens: x = row[:-1], y = row[1:]
 dropout = 0.0
 batch_size = 64
 gradient_accumulation_steps = 1
-learning_rate, min_lr = 2e-4, 2e-5
-max_iters = lr_decay_iters = 100000
+learning_rate = 2e-4
+min_lr = 2e-5
+max_iters = 100000
+lr_decay_iters = 100000
 warmup_iters = 4000
 weight_decay = 0.01
-beta1, beta2 = 0.9, 0.99
+beta1 = 0.9
+beta2 = 0.99
 grad_clip = 1.0
-eval_interval, eval_iters, log_interval = 2000, 100, 100
+eval_interval = 2000
+eval_iters = 100
+log_interval = 100
 always_save_checkpoint = False

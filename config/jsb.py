@@ -10,23 +10,31 @@
 # loss mask drops the <s>/padding), on the whole test split.
 # Data:  python prepare/jsb.py --input $POPE_SHARED_DATA/music/Jsb16thSeparated.json
 # Usage: python train.py config/jsb.py                      (PoPE)
-#        python train.py config/jsb.py --pos_emb=rope --out_dir=out-jsb-rope   (the RoPE baseline: the same config)
+#        python train.py config/jsb.py --pos_emb=rope --out_dir=out-jsb-rope   (RoPE)
 # Test NLL of the checkpoint:
-#        python train.py config/jsb.py --init_from=resume --eval_only=True --eval_full=True --eval_splits=test
+#        python train.py config/jsb.py --init_from=resume --eval_only=True --eval_full=True \
+#            --eval_splits=test
 out_dir = "out-jsb-pope"
 dataset = "jsb"
 pos_emb = "pope"
 pope_delta_init = "uniform"
-n_layer, n_head, n_embd = 6, 8, 256
+n_layer = 6
+n_head = 8
+n_embd = 256
 block_size = 2047  # one chorale per row of 2048 tokens: x = row[:-1], y = row[1:]
 dropout = 0.3
 batch_size = 16
 gradient_accumulation_steps = 1
-learning_rate, min_lr = 5e-4, 5e-5
-max_iters = lr_decay_iters = 1000
+learning_rate = 5e-4
+min_lr = 5e-5
+max_iters = 1000
+lr_decay_iters = 1000
 warmup_iters = 50
 weight_decay = 0.1
-beta1, beta2 = 0.9, 0.99
+beta1 = 0.9
+beta2 = 0.99
 grad_clip = 1.0
-eval_interval, eval_iters, log_interval = 50, 20, 50
+eval_interval = 50
+eval_iters = 20
+log_interval = 50
 always_save_checkpoint = False

@@ -3,8 +3,9 @@
 Usage:
     python prepare/genome.py --input $POPE_SHARED_DATA/genome/chr20.fa.gz     # GRCh37 chr20 sample
     python prepare/genome.py --input hg38.fa.gz --val_chroms 21 --test_chroms 22
-    python prepare/genome.py --input hg38.fa.gz --chroms $(seq -s, 1 22),X --val_chroms 21 --test_chroms 22
-    python prepare/genome.py                  # downloads hg38.fa.gz from UCSC (~940 MB, needs network)
+    python prepare/genome.py --input hg38.fa.gz --chroms $(seq -s, 1 22),X \\
+        --val_chroms 21 --test_chroms 22
+    python prepare/genome.py  # downloads hg38.fa.gz from UCSC (~940 MB, needs network)
 
 Source: hg38 from UCSC, https://hgdownload.soe.ucsc.edu/goldenPath/hg38/bigZips/hg38.fa.gz
 (the HF dataset InstaDeepAI/human_reference_genome holds the same assembly).
@@ -73,7 +74,8 @@ _POW = (4 ** np.arange(K - 1, -1, -1)).astype(np.int64)
 
 def encode_contig(seq):
     """A/C/G/T string (or uint8 codes 0..3) -> token ids, no <eos>."""
-    codes = _LUT[np.frombuffer(seq.encode("ascii"), dtype=np.uint8)] if isinstance(seq, str) else np.asarray(seq)
+    codes = (_LUT[np.frombuffer(seq.encode("ascii"), dtype=np.uint8)] if isinstance(seq, str)
+             else np.asarray(seq))
     if codes.size and codes.max() > 3:
         raise ValueError("encode_contig takes A/C/G/T only")
     k = len(codes) // K
@@ -108,14 +110,16 @@ def encode(seq, meta=None):
 
 
 def encode_prompt(seq, meta=None):
-    """sample.py's prompt: the start of a contig, encoded as encode does but left open (no <eos> after its last
-    contig, which would tell the model that the contig ended; whitespace at its end is ignored, so a file's last
-    newline does not close it either). An empty prompt is [<eos>]: a new contig starts, as after any other."""
+    """sample.py's prompt: the start of a contig, encoded as encode does but left open (no <eos>
+    after its last contig, which would tell the model that the contig ended; whitespace at its end
+    is ignored, so a file's last newline does not close it either). An empty prompt is [<eos>]: a
+    new contig starts, as after any other."""
     if not seq.strip():
         return [EOS]
     ids = encode(seq.rstrip(), meta)
     if not ids:
-        raise ValueError("the prompt holds no A/C/G/T: give a DNA string (or none, for a new contig)")
+        raise ValueError(
+            "the prompt holds no A/C/G/T: give a DNA string (or none, for a new contig)")
     return ids[:-1]
 
 
@@ -173,7 +177,8 @@ def read_fasta(path, chunk_size=1 << 24):
                 h = block.find(b">", pos)
                 body = block[pos:] if h == -1 else block[pos:h]
                 if body.strip() and not seen_header:
-                    raise common.PrepareError(f"{path}: not a FASTA file (no '>' header before the sequence)")
+                    raise common.PrepareError(
+                        f"{path}: not a FASTA file (no '>' header before the sequence)")
                 buf += body.replace(b"\n", b"").replace(b"\r", b"").replace(b" ", b"")
                 if h == -1:
                     break
@@ -214,13 +219,20 @@ def _norm(name):
 # main
 
 def build_parser():
-    p = common.script_parser(__doc__, NAME, help="FASTA file (.fa/.fa.gz) or folder of them (without it: download "
-                             + URL + ")")
-    p.add_argument("--val_chroms", default="", help="comma list of records held out as val, e.g. 21 (default: regions)")
-    p.add_argument("--test_chroms", default="", help="comma list of records held out as test, e.g. 22 (default: regions)")
-    p.add_argument("--chroms", default="", help="comma list of records to use at all (default: every record)")
+    p = common.script_parser(
+        __doc__,
+        NAME,
+        help="FASTA file (.fa/.fa.gz) or folder of them (without it: download " + URL + ")",
+    )
+    p.add_argument("--val_chroms", default="",
+                   help="comma list of records held out as val, e.g. 21 (default: regions)")
+    p.add_argument("--test_chroms", default="",
+                   help="comma list of records held out as test, e.g. 22 (default: regions)")
+    p.add_argument("--chroms", default="",
+                   help="comma list of records to use at all (default: every record)")
     p.add_argument("--holdout_frac", type=float, default=0.01,
-                   help="fraction of each record's coordinates held out per split when no chromosome is given")
+                   help="fraction of each record's coordinates held out per split when no "
+                        "chromosome is given")
     return p
 
 
@@ -232,12 +244,15 @@ def main(argv=None):
     lst = lambda s: {_norm(x.strip()) for x in s.split(",") if x.strip()}
     val_chroms, test_chroms, keep = lst(args.val_chroms), lst(args.test_chroms), lst(args.chroms)
     if val_chroms & test_chroms:
-        raise common.PrepareError(f"chromosomes in both --val_chroms and --test_chroms: {sorted(val_chroms & test_chroms)}")
+        raise common.PrepareError(
+            "chromosomes in both --val_chroms and --test_chroms: "
+            f"{sorted(val_chroms & test_chroms)}")
     f = args.holdout_frac
 
     with common.staged_dataset(out_dir) as stage:
-        src = args.input or common.download(URL, out_dir, f"Download {URL} (or any reference FASTA, plain "
-                                                               "or gzip) and pass it with --input FILE.")
+        src = args.input or common.download(
+            URL, out_dir, f"Download {URL} (or any reference FASTA, plain or gzip) and pass it "
+                          "with --input FILE.")
         stats = {s: {"bases": 0, "contigs": 0} for s in common.SPLITS}
         records, regions, dropped, seen, names = [], {}, 0, set(), []
         with common.split_writers(stage, common.SPLITS) as writers:
@@ -275,18 +290,22 @@ def main(argv=None):
             if missing:
                 fixes = ["give a FASTA that holds them"]
                 if missing & (val_chroms | test_chroms):
-                    fixes.append("omit --val_chroms/--test_chroms to hold out regions of each record")
+                    fixes.append(
+                        "omit --val_chroms/--test_chroms to hold out regions of each record")
                 if missing & keep:
                     fixes.append("name only its records in --chroms")
-                shown = f"{names}" if len(names) <= 8 else f"{names[:8]} ... ({len(names)} in all)"  # (hg38: 455)
-                raise common.PrepareError(f"chromosomes not found in {src}: {sorted(missing)}; its records are "
-                                          f"{shown}: " + ", or ".join(fixes))
+                shown = (f"{names}" if len(names) <= 8
+                         else f"{names[:8]} ... ({len(names)} in all)")  # (hg38: 455)
+                raise common.PrepareError(
+                    f"chromosomes not found in {src}: {sorted(missing)}; its records are "
+                    f"{shown}: " + ", or ".join(fixes))
             if not records:
                 raise common.PrepareError(f"no FASTA records in {src}")
             for s in common.SPLITS:
                 if writers[s].count == 0:
-                    raise common.PrepareError(f"split '{s}' is empty: {src} has no A/C/G/T bases for it "
-                                              "(empty input, or only N?)")
+                    raise common.PrepareError(
+                        f"split '{s}' is empty: {src} has no A/C/G/T bases for it "
+                        "(empty input, or only N?)")
         counts = {s: w.count for s, w in writers.items()}
         meta = {
             "format": NAME,
@@ -308,7 +327,11 @@ def main(argv=None):
             "input": [p.name for p in input_files(src)],
         }
         common.write_meta(stage, meta)
-    common.report(out_dir, counts, {s: f"{stats[s]['bases']:,} bases, {stats[s]['contigs']} contig{'s' * (stats[s]['contigs'] != 1)}" for s in counts})
+    common.report(out_dir, counts, {
+        s: f"{stats[s]['bases']:,} bases, "
+           f"{stats[s]['contigs']} contig{'s' * (stats[s]['contigs'] != 1)}"
+        for s in counts
+    })
     return counts
 
 

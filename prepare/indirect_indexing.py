@@ -80,9 +80,11 @@ def encode(text, meta=None):
         return [stoi[c] for c in re.findall(r"<[+-]\d+>|.", text, flags=re.S)]
     except KeyError as e:
         c, shifts = e.args[0], [t for t in itos if len(t) > 1]
-        raise ValueError(f"unknown {'token' if len(c) > 1 else 'character'} {c!r}; the text takes A-Z, a-z, 0-9, "
-                         "' ', ',', '+', '-' and newline" + (f", and the shift tokens {shifts[0]!r} .. {shifts[-1]!r}"
-                                                             if shifts else "")) from None
+        raise ValueError(
+            f"unknown {'token' if len(c) > 1 else 'character'} {c!r}; "
+            "the text takes A-Z, a-z, 0-9, ' ', ',', '+', '-' and newline"
+            + (f", and the shift tokens {shifts[0]!r} .. {shifts[-1]!r}"
+               if shifts else "")) from None
 
 
 def decode(ids, meta=None):
@@ -102,7 +104,8 @@ def vocabulary(shift_format="chars", max_shift=MAX_SHIFT):
 
 def format_example(string, char, shift, target, shift_format="chars", order="string_first"):
     s = f"{shift:+d}" if shift_format == "chars" else f"<{shift:+d}>"
-    return f"{string}, {char}, {s}, {target}" if order == "string_first" else f"{char}, {s}, {string}, {target}"
+    return (f"{string}, {char}, {s}, {target}" if order == "string_first"
+            else f"{char}, {s}, {string}, {target}")
 
 
 def parse_example(line, order="string_first"):
@@ -123,7 +126,9 @@ def _concat(segments, row_len):
     are (tokens (n, w), lengths (n,)); returns rows (n, row_len) and each
     segment's start column (n,)."""
     n = len(segments[0][1])
-    rows, start, starts = np.full((n, row_len), PAD, dtype=np.uint8), np.zeros(n, dtype=np.int64), []
+    rows = np.full((n, row_len), PAD, dtype=np.uint8)
+    start = np.zeros(n, dtype=np.int64)
+    starts = []
     for toks, lens in segments:
         cols = start[:, None] + np.arange(toks.shape[1])[None, :]
         keep = np.arange(toks.shape[1])[None, :] < lens[:, None]
@@ -133,8 +138,8 @@ def _concat(segments, row_len):
     return rows, starts
 
 
-def generate_rows(n, rng, min_len=MIN_LEN, max_len=MAX_LEN, max_shift=MAX_SHIFT, shift_format="chars",
-                  order="string_first"):
+def generate_rows(n, rng, min_len=MIN_LEN, max_len=MAX_LEN, max_shift=MAX_SHIFT,
+                  shift_format="chars", order="string_first"):
     """n examples as (rows (n, row_len) uint8 token ids, target positions (n,))."""
     length = rng.integers(min_len, max_len + 1, size=n)
     letters = rng.permuted(np.tile(np.arange(52, dtype=np.uint8), (n, 1)), axis=1)[:, :max_len]
@@ -147,8 +152,12 @@ def generate_rows(n, rng, min_len=MIN_LEN, max_len=MAX_LEN, max_shift=MAX_SHIFT,
     char, target = ids[ar, src, None], ids[ar, src + shift, None]
     if shift_format == "chars":  # sign, then one or two digits
         a, two = np.abs(shift), np.abs(shift) >= 10
-        digits = np.stack([np.where(two, _DIGIT_IDS[a // 10], _DIGIT_IDS[a % 10]), _DIGIT_IDS[a % 10]], axis=1)
-        shift_seg = (np.concatenate([np.where(shift >= 0, STOI["+"], STOI["-"])[:, None], digits], axis=1), 2 + two)
+        digits = np.stack(
+            [np.where(two, _DIGIT_IDS[a // 10], _DIGIT_IDS[a % 10]), _DIGIT_IDS[a % 10]], axis=1)
+        shift_seg = (
+            np.concatenate([np.where(shift >= 0, STOI["+"], STOI["-"])[:, None], digits], axis=1),
+            2 + two,
+        )
     else:  # one token: "<-max_shift>" is id len(ITOS)
         shift_seg = ((len(ITOS) + max_shift + shift)[:, None], np.ones(n, dtype=np.int64))
     one = np.ones(n, dtype=np.int64)
@@ -160,8 +169,8 @@ def generate_rows(n, rng, min_len=MIN_LEN, max_len=MAX_LEN, max_shift=MAX_SHIFT,
     return rows, starts[-1]
 
 
-def generate_split(n, seed, split, min_len=MIN_LEN, max_len=MAX_LEN, max_shift=MAX_SHIFT, shift_format="chars",
-                   order="string_first"):
+def generate_split(n, seed, split, min_len=MIN_LEN, max_len=MAX_LEN, max_shift=MAX_SHIFT,
+                   shift_format="chars", order="string_first"):
     """All rows of one split: (tokens (n*row_len,), mask (n*row_len,))."""
     row_len = row_len_for(max_len, max_shift, shift_format)
     rng = np.random.default_rng([seed, SPLIT_SEED_INDEX[split]])
@@ -202,37 +211,45 @@ def content_floor(min_len=MIN_LEN, max_len=MAX_LEN, max_shift=MAX_SHIFT):
     return {"copy": copy, "valid": valid}
 
 
-QUICK = {"n_train": 100_000, "min_len": 8, "max_len": 12, "max_shift": 3, "name": "indirect_indexing_quick"}
+QUICK = {"n_train": 100_000, "min_len": 8, "max_len": 12, "max_shift": 3,
+         "name": "indirect_indexing_quick"}
 
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help="the CPU quick-start variant: strings of 8-12 letters, shifts in [-3, 3], 100k train "
-                        "examples, written to data/indirect_indexing_quick (config/indirect_indexing_quick.py)")
+                   help="the CPU quick-start variant: strings of 8-12 letters, shifts in [-3, 3], "
+                        "100k train examples, written to data/indirect_indexing_quick "
+                        "(config/indirect_indexing_quick.py)")
     p.add_argument("--out_dir", default=None, help="output folder (default data/indirect_indexing, "
                                                    "with --quick data/indirect_indexing_quick)")
-    p.add_argument("--n_train", type=int, default=None, help="train examples (paper: 1,000,000; --quick: 100,000)")
+    p.add_argument("--n_train", type=int, default=None,
+                   help="train examples (paper: 1,000,000; --quick: 100,000)")
     p.add_argument("--n_val", type=int, default=10_000, help="val examples (paper: 10,000)")
     p.add_argument("--n_test", type=int, default=10_000, help="test examples (paper: 10,000)")
-    p.add_argument("--seed", type=int, default=1234, help="base seed; split k uses default_rng([seed, k])")
+    p.add_argument("--seed", type=int, default=1234,
+                   help="base seed; split k uses default_rng([seed, k])")
     p.add_argument("--min_len", type=int, default=None, help=f"shortest string (paper: {MIN_LEN})")
-    p.add_argument("--max_len", type=int, default=None, help=f"longest string (paper: {MAX_LEN}, at most 52)")
-    p.add_argument("--max_shift", type=int, default=None, help=f"shifts are in [-max_shift, +max_shift] (paper: {MAX_SHIFT})")
+    p.add_argument("--max_len", type=int, default=None,
+                   help=f"longest string (paper: {MAX_LEN}, at most 52)")
+    p.add_argument("--max_shift", type=int, default=None,
+                   help=f"shifts are in [-max_shift, +max_shift] (paper: {MAX_SHIFT})")
     p.add_argument("--shift_format", default="chars", choices=["chars", "token"],
-                   help="chars (the paper's text): sign and digits, one token each; token: the shift as one "
-                        "of 2*max_shift+1 extra tokens <-15> .. <+15>")
+                   help="chars (the paper's text): sign and digits, one token each; token: "
+                        "the shift as one of 2*max_shift+1 extra tokens <-15> .. <+15>")
     p.add_argument("--order", default="string_first", choices=["string_first", "question_first"],
-                   help="string_first (the paper's): string, letter, shift, target; question_first: letter, "
-                        "shift, string, target, so the model knows what to look for while it reads the string")
+                   help="string_first (the paper's): string, letter, shift, target; "
+                        "question_first: letter, shift, string, target, so the model knows what "
+                        "to look for while it reads the string")
     return p
 
 
 def rebuild_command(args):
     """meta["prepare"]: the command line that rebuilds this dataset (see common.command_line)."""
     name = QUICK["name"] if args.quick else NAME
-    return common.command_line(NAME, build_parser(), args, defaults={"out_dir": str(common.REPO_ROOT / "data" / name)})
+    return common.command_line(NAME, build_parser(), args,
+                               defaults={"out_dir": str(common.REPO_ROOT / "data" / name)})
 
 
 def _physical_memory():
@@ -257,24 +274,27 @@ def main(argv=None):
         if n <= 0:
             raise common.PrepareError(f"--n_{split} must be positive, got {n}")
     if not 0 <= args.max_shift < args.min_len <= args.max_len <= 52:
-        raise common.PrepareError("need 0 <= max_shift < min_len <= max_len <= 52 "
-                                  f"(got max_shift {args.max_shift}, min_len {args.min_len}, max_len {args.max_len})")
+        raise common.PrepareError(
+            "need 0 <= max_shift < min_len <= max_len <= 52 "
+            f"(got max_shift {args.max_shift}, min_len {args.min_len}, max_len {args.max_len})")
     if args.seed < 0:  # numpy's SeedSequence takes non-negative integers only
         raise common.PrepareError(f"--seed must be >= 0, got {args.seed}")
     row_len = row_len_for(args.max_len, args.max_shift, args.shift_format)
     itos = vocabulary(args.shift_format, args.max_shift)
-    # a split is built in memory: its uint8 rows and mask, then the uint16 copy written (~4 bytes a token)
+    # a split is built in memory: uint8 rows and mask, then the uint16 copy (~4 bytes a token)
     split, n = max(sizes.items(), key=lambda kv: kv[1])
     need, have = 4 * n * row_len, _physical_memory()
     if have and need > have:
         raise common.PrepareError(
-            f"--n_{split} {n:,}: the {split} split is built in memory and needs about {need / 2**30:,.1f} GiB "
-            f"({row_len} tokens an example, ~4 bytes a token), more than this machine's {have / 2**30:,.1f} GiB; "
-            f"pass a smaller --n_{split} (at most ~{have // (4 * row_len):,})")
+            f"--n_{split} {n:,}: the {split} split is built in memory and needs about "
+            f"{need / 2**30:,.1f} GiB ({row_len} tokens an example, ~4 bytes a token), more than "
+            f"this machine's {have / 2**30:,.1f} GiB; pass a smaller --n_{split} "
+            f"(at most ~{have // (4 * row_len):,})")
     counts = {}
     with common.staged_dataset(out_dir) as stage:
         for split, n in sizes.items():
-            toks, mask = generate_split(n, args.seed, split, args.min_len, args.max_len, args.max_shift,
+            toks, mask = generate_split(n, args.seed, split,
+                                        args.min_len, args.max_len, args.max_shift,
                                         args.shift_format, args.order)
             counts[split] = common.write_bin(stage / f"{split}.bin", toks, np.uint16)
             common.write_bin(stage / f"{split}_mask.bin", mask, np.uint8)

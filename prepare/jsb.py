@@ -3,8 +3,9 @@
 Usage:
     python prepare/jsb.py --input $POPE_SHARED_DATA/music/Jsb16thSeparated.json
     python prepare/jsb.py --input $POPE_SHARED_DATA/music          # a folder holding the .json
-    python prepare/jsb.py                                       # downloads the .json (needs network)
-    python prepare/jsb.py --input Jsb16thSeparated.npz --allow_pickle   # the pickled .npz: trusted files only
+    python prepare/jsb.py  # downloads the .json (needs network)
+    python prepare/jsb.py --input Jsb16thSeparated.npz --allow_pickle
+        # the pickled .npz: trusted files only
 
 Source: the standard Boulanger-Lewandowski (2012) split in the Coconet
 "Jsb16thSeparated" format, https://github.com/czhuang/JSB-Chorales-dataset
@@ -92,7 +93,8 @@ def _read_json(path):
 def _read_npz(path):
     """Unpickles: only behind --allow_pickle."""
     with np.load(path, allow_pickle=True, encoding="latin1") as raw:
-        return {key: [np.asarray(p, dtype=np.float64) for p in raw[key]] if key in raw.files else None
+        return {key: ([np.asarray(p, dtype=np.float64) for p in raw[key]]
+                      if key in raw.files else None)
                 for key in SOURCE_SPLITS.values()}
 
 
@@ -102,11 +104,12 @@ def load_pieces(path, allow_pickle=False):
     path = find_input(path)
     if path.suffix == ".npz" and not allow_pickle:
         raise common.PrepareError(
-            f"{path} is a pickled .npz (numpy reads its object arrays only by unpickling, which can run code): pass "
-            "the .json form of the data (Jsb16thSeparated.json, the same chorales) with --input, or add "
-            "--allow_pickle if you trust this file")
+            f"{path} is a pickled .npz (numpy reads its object arrays only by unpickling, which "
+            "can run code): pass the .json form of the data (Jsb16thSeparated.json, the same "
+            "chorales) with --input, or add --allow_pickle if you trust this file")
     if path.suffix not in (".npz", ".json"):
-        raise common.PrepareError(f"{path}: expected a .json (or, with --allow_pickle, a .npz) file")
+        raise common.PrepareError(
+            f"{path}: expected a .json (or, with --allow_pickle, a .npz) file")
     try:
         raw = _read_npz(path) if path.suffix == ".npz" else _read_json(path)
     except Exception as e:
@@ -121,14 +124,16 @@ def load_pieces(path, allow_pickle=False):
         conv = []
         for i, p in enumerate(pieces):
             if p.ndim != 2 or p.shape[1] != 4 or p.shape[0] == 0:
-                raise common.PrepareError(f"{path}: {key}[{i}] has shape {p.shape}, expected (T>0, 4)")
+                raise common.PrepareError(
+                    f"{path}: {key}[{i}] has shape {p.shape}, expected (T>0, 4)")
             p = np.where(np.isnan(p), -1, p)
             if np.any(p != np.round(p)):
                 raise common.PrepareError(f"{path}: {key}[{i}] has non-integer pitches")
             p = p.astype(np.int64)
             bad = (p != -1) & ((p < LOW) | (p > HIGH))
             if bad.any():
-                raise common.PrepareError(f"{path}: {key}[{i}] has pitch {p[bad][0]} outside {LOW}..{HIGH}")
+                raise common.PrepareError(
+                    f"{path}: {key}[{i}] has pitch {p[bad][0]} outside {LOW}..{HIGH}")
             conv.append(p)
         out[split] = conv
     return out, path
@@ -151,7 +156,9 @@ def encode(text, meta=None):
     try:
         return [stoi[t] for t in text.split()]
     except KeyError as e:
-        raise ValueError(f"unknown JSB token {e.args[0]!r}; tokens are <s>, R (or .) and note names A0..C8") from None
+        raise ValueError(
+            f"unknown JSB token {e.args[0]!r}; "
+            "tokens are <s>, R (or .) and note names A0..C8") from None
 
 
 def roll_from_ids(ids):
@@ -250,12 +257,17 @@ def save_sample(ids, meta, path_without_ext):
 # main
 
 def build_parser():
-    p = common.script_parser(__doc__, NAME, help="Jsb16thSeparated.json, or a folder holding it "
-                                                 "(without it: download the .json from " + URL + ")")
+    p = common.script_parser(
+        __doc__,
+        NAME,
+        help="Jsb16thSeparated.json, or a folder holding it (without it: download the .json from "
+             + URL + ")",
+    )
     p.add_argument("--allow_pickle", action="store_true",
-                   help="also read the .npz form (Jsb16thSeparated.npz). DANGEROUS: it stores object arrays, which "
-                        "numpy can only read by unpickling, and unpickling a crafted file runs arbitrary code; "
-                        "use it only for files you trust (the .json holds the same data, with no pickle)")
+                   help="also read the .npz form (Jsb16thSeparated.npz). DANGEROUS: it stores "
+                        "object arrays, which numpy can only read by unpickling, and unpickling a "
+                        "crafted file runs arbitrary code; use it only for files you trust (the "
+                        ".json holds the same data, with no pickle)")
     p.add_argument("--max_len", type=int, default=2048, help="row length in tokens (default 2048)")
     return p
 
@@ -266,7 +278,8 @@ def main(argv=None):
         raise common.PrepareError("--max_len must be at least 5 (one start token and one step)")
     out_dir = Path(args.out_dir)
     with common.staged_dataset(out_dir) as stage:
-        src = args.input or common.download(URL, out_dir, f"Download {URL} and pass it with --input FILE.")
+        src = args.input or common.download(
+            URL, out_dir, f"Download {URL} and pass it with --input FILE.")
         pieces, src = load_pieces(src, allow_pickle=args.allow_pickle)
 
         counts, scored, extra, n_rows, n_split = {}, {}, {}, {}, {}

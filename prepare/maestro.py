@@ -1,8 +1,8 @@
 """MAESTRO piano performances as REMI tokens (miditok).
 
 Usage:
-    python prepare/maestro.py --input $POPE_SHARED_DATA/music/maestro        # v2.0.0 sample (973 files)
-    python prepare/maestro.py --input maestro-v3.0.0/                     # full v3 (unzipped midi zip)
+    python prepare/maestro.py --input $POPE_SHARED_DATA/music/maestro  # v2.0.0 sample (973 files)
+    python prepare/maestro.py --input maestro-v3.0.0/                # full v3 (unzipped midi zip)
     python prepare/maestro.py             # downloads the v3.0.0 MIDI zip (~57 MB, needs network)
 
 Needs: pip install miditok (it brings symusic). Tested with miditok 3.1.0,
@@ -199,15 +199,18 @@ def save_sample(ids, meta, path_without_ext):
     notes is still written, with a warning on stderr."""
     tok = make_tokenizer()
     if meta is not None and meta.get("itos") and meta["itos"] != itos_of(tok):
-        raise common.PrepareError("meta.json's vocabulary differs from this miditok's REMI vocabulary")
+        raise common.PrepareError(
+            "meta.json's vocabulary differs from this miditok's REMI vocabulary")
     ids = [int(i) for i in ids if int(i) not in (PAD, BOS, EOS)]
     out = f"{path_without_ext}.mid"
     score = tok.decode([ids])
     with common.output_file(out) as f:  # whole or not at all (a full disk)
         f.write(score.dumps_midi())
-    if not any(len(t.notes) for t in score.tracks):  # (an untrained model's tokens, say): silent, but not silently
-        common.log(f"warning: {out} has no notes: no Pitch, Velocity, Duration group among the sample's {len(ids)} "
-                   "tokens (an untrained model's output?); written anyway")
+    # (an untrained model's tokens, say): silent, but not silently
+    if not any(len(t.notes) for t in score.tracks):
+        common.log(
+            f"warning: {out} has no notes: no Pitch, Velocity, Duration group among the sample's "
+            f"{len(ids)} tokens (an untrained model's output?); written anyway")
     return out
 
 
@@ -217,10 +220,12 @@ def save_sample(ids, meta, path_without_ext):
 def find_csv(folder):
     folder = Path(folder)
     if not folder.is_dir():
-        raise common.PrepareError(f"--input {folder} is not a folder (expected the MAESTRO folder with maestro-v*.csv)")
+        raise common.PrepareError(
+            f"--input {folder} is not a folder (expected the MAESTRO folder with maestro-v*.csv)")
     cands = sorted(folder.glob("maestro-v*.csv")) or sorted(folder.glob("*/maestro-v*.csv"))
     if not cands:
-        raise common.PrepareError(f"no maestro-v*.csv in {folder}; pass the unzipped MAESTRO folder")
+        raise common.PrepareError(
+            f"no maestro-v*.csv in {folder}; pass the unzipped MAESTRO folder")
     return cands[-1]
 
 
@@ -249,10 +254,16 @@ def fetch(out_dir):
 
 
 def build_parser():
-    p = common.script_parser(__doc__, NAME, help="MAESTRO folder with maestro-v*.csv and the MIDI files (without it: "
-                                                 "download " + URL + ")")
-    p.add_argument("--transpose", type=int, default=3, help="train transpositions up to +-N semitones (default 3, 0 = none)")
-    p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenizer worker processes")
+    p = common.script_parser(
+        __doc__,
+        NAME,
+        help="MAESTRO folder with maestro-v*.csv and the MIDI files (without it: download "
+             + URL + ")",
+    )
+    p.add_argument("--transpose", type=int, default=3,
+                   help="train transpositions up to +-N semitones (default 3, 0 = none)")
+    p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1),
+                   help="tokenizer worker processes")
     return p
 
 
@@ -279,16 +290,20 @@ def main(argv=None):
             else:
                 missing.append(r["midi_filename"])
         if missing:
-            common.log(f"warning: {len(missing)} MIDI files listed in {csv_path.name} are missing, e.g. {missing[0]}")
+            common.log(
+                f"warning: {len(missing)} MIDI files listed in {csv_path.name} are missing, "
+                f"e.g. {missing[0]}")
 
         pieces = {s: 0 for s in common.SPLITS}
         sequences = {s: 0 for s in common.SPLITS}
         corrupt, empty, skipped_tr = [], [], 0
         import multiprocessing as mp
         with common.split_writers(stage, common.SPLITS) as writers:
-            with mp.get_context("spawn").Pool(max(1, args.num_proc), initializer=_init_worker) as pool:
+            with mp.get_context("spawn").Pool(max(1, args.num_proc),
+                                              initializer=_init_worker) as pool:
                 results = pool.imap(tokenize_file, [j[2] for j in jobs], chunksize=2)
-                for (split, name, _), (status, res) in zip(jobs, common.progress(results, total=len(jobs), desc="tokenizing", unit="file")):
+                for (split, name, _), (status, res) in zip(jobs, common.progress(
+                        results, total=len(jobs), desc="tokenizing", unit="file")):
                     if status == "corrupt":
                         corrupt.append(name)
                         common.log(f"skipped corrupt MIDI {name}: {res}")
@@ -306,8 +321,9 @@ def main(argv=None):
                         sequences[split] += 1
             for s in common.SPLITS:
                 if pieces[s] == 0:
-                    raise common.PrepareError(f"no readable MIDI file in split '{s}' of {csv_path} "
-                                              f"({len(corrupt)} corrupt, {len(empty)} empty, {len(missing)} missing)")
+                    raise common.PrepareError(
+                        f"no readable MIDI file in split '{s}' of {csv_path} "
+                        f"({len(corrupt)} corrupt, {len(empty)} empty, {len(missing)} missing)")
         counts = {s: w.count for s, w in writers.items()}
         meta = {
             "format": NAME,
@@ -330,7 +346,8 @@ def main(argv=None):
             "source": URL,
         }
         common.write_meta(stage, meta)
-    common.report(out_dir, counts, {s: f"{pieces[s]} pieces, {sequences[s]} sequences" for s in counts})
+    common.report(out_dir, counts,
+                  {s: f"{pieces[s]} pieces, {sequences[s]} sequences" for s in counts})
     if corrupt:
         print(f"  skipped {len(corrupt)} corrupt MIDI file(s)")
     return counts

@@ -3,7 +3,7 @@
 Usage:
     python prepare/openwebtext.py --input $POPE_SHARED_DATA/text/owt_sample.jsonl
     python prepare/openwebtext.py --input $POPE_SHARED_DATA/text/english --out_dir data/english
-    python prepare/openwebtext.py          # HF dataset Skylion007/openwebtext (needs `datasets` + network)
+    python prepare/openwebtext.py  # HF dataset Skylion007/openwebtext (needs `datasets` + network)
     python prepare/openwebtext.py --input A.jsonl B.txt --val_input C.txt --out_dir data/mine
 
 Source: the HF dataset "Skylion007/openwebtext" (the one nanoGPT loads as
@@ -88,7 +88,8 @@ def decode(ids, meta=None):
 def input_files(path):
     path = Path(path)
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+        files = sorted(p for p in path.rglob("*")
+                       if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
         if not files:
             raise common.PrepareError(f"no .jsonl/.json/.txt file under {path}")
         return files
@@ -142,10 +143,12 @@ def val_documents(n, fraction=VAL_FRACTION, seed=SEED):
 
 
 def hf_documents(revision):
-    """(count, iterator) over HF_ID at revision, by default the Hub's parquet conversion (the dataset's
-    loading script runs on `datasets` < 4 only; parquet files load on 3 and 4). Offline: a PrepareError."""
-    hint = (f"Offline, pass a local copy of {HF_ID} (.jsonl with a 'text' field) or any .txt/.jsonl text "
-            "with --input FILE_OR_DIR (e.g. --input $POPE_SHARED_DATA/text/owt_sample.jsonl)")
+    """(count, iterator) over HF_ID at revision, by default the Hub's parquet conversion (the
+    dataset's loading script runs on `datasets` < 4 only; parquet files load on 3 and 4). Offline:
+    a PrepareError."""
+    hint = (f"Offline, pass a local copy of {HF_ID} (.jsonl with a 'text' field) or any "
+            ".txt/.jsonl text with --input FILE_OR_DIR "
+            "(e.g. --input $POPE_SHARED_DATA/text/owt_sample.jsonl)")
     datasets = common.require("datasets", "datasets", f"downloading {HF_ID}")
     import socket
     try:  # the Hub unreachable: only HF's local cache, instead of a minute of retries
@@ -155,10 +158,13 @@ def hf_documents(revision):
     try:
         ds = datasets.load_dataset(HF_ID, revision=revision, split="train")
     except Exception as e:  # (no network: ConnectionError, or datasets' own errors)
-        raise common.PrepareError(f"could not load {HF_ID} ({type(e).__name__}: {e}). {hint}") from e
+        raise common.PrepareError(
+            f"could not load {HF_ID} ({type(e).__name__}: {e}). {hint}") from e
     if len(ds) != HF_DOCS:  # (the Hub converts only the first GBs of some large datasets)
-        common.log(f"warning: {HF_ID}@{revision} holds {len(ds):,} documents, not OpenWebText's {HF_DOCS:,} "
-                   "(a partial conversion?); another --hf_revision, or --input, gives the whole set")
+        common.log(
+            f"warning: {HF_ID}@{revision} holds {len(ds):,} documents, not OpenWebText's "
+            f"{HF_DOCS:,} (a partial conversion?); another --hf_revision, or --input, gives the "
+            "whole set")
     return len(ds), (row["text"] for row in ds)
 
 
@@ -166,15 +172,24 @@ def hf_documents(revision):
 # main
 
 def build_parser():
-    p = common.script_parser(__doc__, NAME, nargs="+", help=f".jsonl/.json/.txt files or folders of them "
-                             f"(without it: HF {HF_ID})")
-    p.add_argument("--val_input", nargs="+", help="files or folders whose documents form val (all of "
-                   "--input then goes to train)")
-    p.add_argument("--hf_revision", default="refs/convert/parquet", help=f"the revision of {HF_ID} read "
-                   "without --input (default: the Hub's parquet conversion)")
-    p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1), help="tokenizer workers")
-    p.add_argument("--text_field", default="text", help="JSON field holding the text (default text)")
-    p.add_argument("--txt_doc_sep", default="\n\n\n", help="document separator in .txt files ('' = a file)")
+    p = common.script_parser(
+        __doc__,
+        NAME,
+        nargs="+",
+        help=f".jsonl/.json/.txt files or folders of them (without it: HF {HF_ID})",
+    )
+    p.add_argument("--val_input", nargs="+",
+                   help="files or folders whose documents form val "
+                        "(all of --input then goes to train)")
+    p.add_argument("--hf_revision", default="refs/convert/parquet",
+                   help=f"the revision of {HF_ID} read without --input "
+                        "(default: the Hub's parquet conversion)")
+    p.add_argument("--num_proc", type=int, default=min(8, os.cpu_count() or 1),
+                   help="tokenizer workers")
+    p.add_argument("--text_field", default="text",
+                   help="JSON field holding the text (default text)")
+    p.add_argument("--txt_doc_sep", default="\n\n\n",
+                   help="document separator in .txt files ('' = a file)")
     return p
 
 
@@ -189,7 +204,8 @@ def main(argv=None):
         names = [str(f.relative_to(path)) if Path(path).is_dir() else f.name for path, f in found]
         return files, count_documents(files, args.text_field, args.txt_doc_sep), names
 
-    with common.staged_dataset(args.out_dir) as stage:  # (a bad out_dir: refused before reading the input)
+    # (a bad out_dir: refused before reading the input)
+    with common.staged_dataset(args.out_dir) as stage:
         if args.input is None:
             n_docs, docs = hf_documents(args.hf_revision)
             source = f"{HF_ID}@{args.hf_revision}"
@@ -225,7 +241,8 @@ def main(argv=None):
         else:
             meta["val_source"] = val_source
         common.write_meta(stage, meta)
-    common.report(args.out_dir, counts, {s: f"{ndoc[s]:,} document{'s' * (ndoc[s] != 1)}" for s in counts})
+    common.report(args.out_dir, counts,
+                  {s: f"{ndoc[s]:,} document{'s' * (ndoc[s] != 1)}" for s in counts})
     return counts
 
 

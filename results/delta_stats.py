@@ -24,7 +24,8 @@ from model import pope_delta, read_checkpoint  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("ckpts", nargs="+", help="train.py checkpoints (ckpt.pt) of PoPE models")
     args = ap.parse_args()
     rows = []  # every checkpoint checked before the table starts: an error is its own line
@@ -33,14 +34,16 @@ def main():
         bound = ckpt["model_args"]["pope_delta_bound"]
         raw = [v.double() for k, v in ckpt["model"].items() if k.endswith("attn.delta")]
         if not raw:
-            sys.exit(f"error: {path} has no PoPE delta (pos_emb={ckpt['model_args'].get('pos_emb')!r}); "
+            sys.exit(f"error: {path} has no PoPE delta "
+                     f"(pos_emb={ckpt['model_args'].get('pos_emb')!r}); "
                      "pass PoPE checkpoints only")
         raw = torch.cat([r.flatten() for r in raw])
         used = pope_delta(raw, bound)
         phase = torch.atan2(torch.sin(used), torch.cos(used)).abs()
         frozen = ((raw > 0) | (raw < -2 * math.pi)).double().mean().item()
         run = os.path.basename(os.path.dirname(os.path.abspath(path)))
-        rows.append(f"| {run} | {bound} | {raw.numel()} | {(phase > 0.01).double().mean().item():.1%} | "
+        rows.append(f"| {run} | {bound} | {raw.numel()} | "
+                    f"{(phase > 0.01).double().mean().item():.1%} | "
                     f"{phase.median().item():.3f} | {frozen:.1%} |")
     print("| run | bound | entries | moved (> 0.01 rad) | median abs phase, rad | "
           "parameter outside [-2pi, 0] (no gradient under the clamp) |")

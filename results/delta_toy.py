@@ -24,8 +24,9 @@ from model import GPT, GPTConfig, pope_delta  # noqa: E402
 
 def run(bound, seed, steps, lr):
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=37, pos_emb="pope",
-                          pope_delta_init="zero", pope_delta_bound=bound, attn_impl="torch"))
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=37,
+                          pos_emb="pope", pope_delta_init="zero", pope_delta_bound=bound,
+                          attn_impl="torch"))
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     delta = model.transformer.h[0].attn.delta
     idx = torch.randint(0, 37, (8, 17))
@@ -42,14 +43,16 @@ def run(bound, seed, steps, lr):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=100, help="seeds 0..N-1 per bound")
     ap.add_argument("--steps", type=int, default=20, help="AdamW steps")
     ap.add_argument("--lr", type=float, default=1e-2, help="learning rate")
     args = ap.parse_args()
     torch.set_num_threads(1)
     print(f"{args.seeds} seeds, {args.steps} AdamW steps, lr {args.lr}, torch {torch.__version__}")
-    print("| bound | delta entries with a gradient at the last step: mean (min-max) | moved > 0.01 rad: mean (min-max) |")
+    print("| bound | delta entries with a gradient at the last step: mean (min-max) | "
+          "moved > 0.01 rad: mean (min-max) |")
     print("|---|---|---|")
     for bound in ("clamp", "project", "wrap"):
         res = [run(bound, s, args.steps, args.lr) for s in range(args.seeds)]

@@ -29,7 +29,8 @@ def files(tmp_path_factory):
     torch.manual_seed(1234)
     cfg = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=8, pos_emb="pope",
                     attn_impl="torch")
-    ck = {"model": GPT(cfg).state_dict(), "model_args": dataclasses.asdict(cfg), "config": {"dataset": "toy"},
+    ck = {"model": GPT(cfg).state_dict(), "model_args": dataclasses.asdict(cfg),
+          "config": {"dataset": "toy"},
           "meta": {"itos": list("abcdefgh"), "vocab_size": 8, "dtype": "uint16"}}
     torch.save(ck, d / "good.pt")
     nan = {k: v.clone() for k, v in ck["model"].items()}
@@ -45,12 +46,24 @@ def files(tmp_path_factory):
     (d / "cut.pt").write_bytes((d / "good.pt").read_bytes()[:-200])
     (d / "junk.pt").write_bytes(b"not a checkpoint")
     (d / "folder.pt").mkdir()
-    torch.save({**ck, "meta": {**ck["meta"], "format": "no_such_format"}}, d / "format.pt")  # (not in BAD)
+    # (not in BAD)
+    torch.save({**ck, "meta": {**ck["meta"], "format": "no_such_format"}}, d / "format.pt")
     return d
 
 
-BAD = ["nan.pt", "inf.pt", "code.pt", "state_dict.pt", "tensor.pt", "empty.pt", "cut.pt", "junk.pt", "folder.pt",
-       "missing.pt", "flipped.pt"]
+BAD = [
+    "nan.pt",
+    "inf.pt",
+    "code.pt",
+    "state_dict.pt",
+    "tensor.pt",
+    "empty.pt",
+    "cut.pt",
+    "junk.pt",
+    "folder.pt",
+    "missing.pt",
+    "flipped.pt",
+]
 
 
 @pytest.mark.parametrize("name", BAD)
@@ -76,7 +89,8 @@ def test_reader_loads_an_intact_checkpoint(files):
 
 
 def test_a_device_fault_is_not_called_a_damaged_file(files):
-    with pytest.raises((AssertionError, RuntimeError)) as e:  # torch's own: no CUDA here, or no GPU 99
+    # torch's own: no CUDA here, or no GPU 99
+    with pytest.raises((AssertionError, RuntimeError)) as e:
         load_checkpoint(str(files / "good.pt"), device="cuda:99")
     assert not isinstance(e.value, CheckpointError)
 
@@ -92,18 +106,24 @@ def test_every_script_refuses_a_bad_checkpoint(files, tmp_path, capsys, script, 
     with pytest.raises(SystemExit) as e:
         script.main(argv)
     msg = e.value.code if isinstance(e.value.code, str) else capsys.readouterr().err
-    assert e.value.code not in (0, None) and str(files / name) in msg and not (files / "pwned").exists()
+    assert (e.value.code not in (0, None) and str(files / name) in msg
+            and not (files / "pwned").exists())
 
 
 def test_sample_prompt_file_and_format_errors_name_the_file(files, tmp_path, capsys):
-    """sample.py: a prompt file that is binary or a folder, a dataset format this code lacks: exit status not
-    0, one line naming the file or the format, nothing printed; a text file is the prompt."""
+    """sample.py: a prompt file that is binary or a folder, a dataset format this code lacks: exit
+    status not 0, one line naming the file or the format, nothing printed; a text file is the
+    prompt."""
     def sample_main(*args):
-        return sample.main(["--device=cpu", "--max_new_tokens=3", "--num_samples=1", *map(str, args)])
+        return sample.main(["--device=cpu", "--max_new_tokens=3", "--num_samples=1",
+                            *map(str, args)])
     (tmp_path / "bin.txt").write_bytes(b"ab\xff\xfe\x00c")
-    for ckpt, start, named in ((files / "good.pt", f"FILE:{tmp_path / 'bin.txt'}", tmp_path / "bin.txt"),
-                               (files / "good.pt", f"FILE:{tmp_path}", tmp_path),
-                               (files / "format.pt", "abc", "no_such_format")):
+    cases = (
+        (files / "good.pt", f"FILE:{tmp_path / 'bin.txt'}", tmp_path / "bin.txt"),
+        (files / "good.pt", f"FILE:{tmp_path}", tmp_path),
+        (files / "format.pt", "abc", "no_such_format"),
+    )
+    for ckpt, start, named in cases:
         with pytest.raises(SystemExit) as e:
             sample_main(f"--ckpt={ckpt}", f"--start={start}")
         out, err = capsys.readouterr()

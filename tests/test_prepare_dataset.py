@@ -1,7 +1,7 @@
-"""prepare/common.py and the scripts: a dataset is written as a set (staged beside out_dir, swapped in
-whole; an error or a kill leaves the old or the new complete set; a user's files are never deleted),
-meta["prepare"] rebuilds it, check_dataset refuses what training cannot use, a daily mistake is one line
-with exit 2. Tiny seeded sets."""
+"""prepare/common.py and the scripts: a dataset is written as a set (staged beside out_dir, swapped
+in whole; an error or a kill leaves the old or the new complete set; a user's files are never
+deleted), meta["prepare"] rebuilds it, check_dataset refuses what training cannot use, a daily
+mistake is one line with exit 2. Tiny seeded sets."""
 import json
 import os
 import shlex
@@ -49,14 +49,16 @@ def test_rerun_replaces_the_set_and_keeps_downloads_and_links(old_set, tmp_path)
     new = build(out, NEW)
     assert json.loads(new["meta.json"])["row_len"] == 31 and new["train.bin"] != old["train.bin"]
     (tmp_path / "link").symlink_to(out)
-    assert build(tmp_path / "link", OLD)["train.bin"] == old["train.bin"] and (tmp_path / "link").is_symlink()
+    assert (build(tmp_path / "link", OLD)["train.bin"] == old["train.bin"]
+            and (tmp_path / "link").is_symlink())
     assert beside(out) == []
     assert (out / "raw" / "source.npz").read_bytes() == b"downloaded"
 
 
 def fail_in_split(monkeypatch, split):
     real = ii.generate_split
-    monkeypatch.setattr(ii, "generate_split", lambda n, seed, s, *a: (_ for _ in ()).throw(RuntimeError(s))
+    monkeypatch.setattr(ii, "generate_split",
+                        lambda n, seed, s, *a: (_ for _ in ()).throw(RuntimeError(s))
                         if s == split else real(n, seed, s, *a))
 
 
@@ -81,11 +83,13 @@ ii.main(sys.argv[2:])
 
 
 def killer(point, out, args):
-    return [sys.executable, "-c", KILLER.format(repo=str(REPO)), point] + args + ["--out_dir", str(out)]
+    return ([sys.executable, "-c", KILLER.format(repo=str(REPO)), point] + args
+            + ["--out_dir", str(out)])
 
 
 @pytest.mark.parametrize("point", ["error", "write", "renames", "swapped"])
-def test_an_error_or_a_kill_leaves_a_complete_set_and_the_next_run_cleans_up(old_set, point, monkeypatch):
+def test_an_error_or_a_kill_leaves_a_complete_set_and_the_next_run_cleans_up(old_set, point,
+                                                                              monkeypatch):
     out, old = old_set
     if point == "error":
         fail_in_split(monkeypatch, "test")
@@ -101,7 +105,8 @@ def test_an_error_or_a_kill_leaves_a_complete_set_and_the_next_run_cleans_up(old
             common.check_dataset(out)
         assert "ii.old" in str(e.value)  # (where the set is)
     else:
-        assert common.check_dataset(out, common.SPLITS)["row_len"] == (31 if point == "swapped" else 23)
+        assert (common.check_dataset(out, common.SPLITS)["row_len"]
+                == (31 if point == "swapped" else 23))
         assert point == "swapped" or snapshot(out) == old
     fail_in_split(monkeypatch, "val")  # a next run that fails: the old set back, nothing beside it
     with pytest.raises(RuntimeError):
@@ -113,8 +118,8 @@ def test_an_error_or_a_kill_leaves_a_complete_set_and_the_next_run_cleans_up(old
 
 def test_a_second_run_on_the_same_out_dir_is_refused(old_set):
     out, old = old_set
-    first = subprocess.Popen(killer("pause", out, NEW), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+    first = subprocess.Popen(killer("pause", out, NEW), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
     try:
         assert first.stdout.readline() == "paused\n", first.stderr.read()
         with pytest.raises(common.PrepareError, match=f"{out}.lock"):
@@ -146,7 +151,12 @@ def test_a_lock_that_is_not_a_regular_file_is_refused(old_set, tmp_path, kind):
     assert os.path.lexists(lock) and beside(out) == ["ii.lock"]
 
 
-@pytest.mark.parametrize("mine", ["ii/notes.txt", "ii/mine/x.py", "ii.tmp/thesis.tex", "ii.old/thesis.tex"])
+@pytest.mark.parametrize("mine", [
+    "ii/notes.txt",
+    "ii/mine/x.py",
+    "ii.tmp/thesis.tex",
+    "ii.old/thesis.tex",
+])
 def test_a_users_files_in_or_beside_out_dir_are_refused_and_kept(old_set, mine):
     out, old = old_set
     (out.parent / mine).parent.mkdir(exist_ok=True)
@@ -160,33 +170,43 @@ def test_the_recorded_command_rebuilds_the_set(tmp_path, monkeypatch):
     out = tmp_path / "ii"
     new = build(out, NEW)
     meta = json.loads(new["meta.json"])
-    assert meta["prepare"] == ("python prepare/indirect_indexing.py --quick --n_train 200 --n_val 40 "
-                               f"--n_test 40 --max_len 20 --max_shift 5 --out_dir {common.repo_path(out)}")
-    subprocess.run([sys.executable] + shlex.split(meta["prepare"])[1:], cwd=REPO, check=True, timeout=120)
+    assert meta["prepare"] == ("python prepare/indirect_indexing.py --quick --n_train 200 "
+                               "--n_val 40 --n_test 40 --max_len 20 --max_shift 5 "
+                               f"--out_dir {common.repo_path(out)}")
+    subprocess.run([sys.executable] + shlex.split(meta["prepare"])[1:], cwd=REPO, check=True,
+                   timeout=120)
     assert snapshot(out) == new
-    monkeypatch.chdir(REPO / "prepare")  # paths as a command run from the repo root takes them, quoted
+    # paths as a command run from the repo root takes them, quoted
+    monkeypatch.chdir(REPO / "prepare")
     args = ii.build_parser().parse_args(["--seed", "7", "--out_dir", "../data/my ii"])
-    assert ii.rebuild_command(args) == "python prepare/indirect_indexing.py --seed 7 --out_dir 'data/my ii'"
+    assert ii.rebuild_command(args) == (
+        "python prepare/indirect_indexing.py --seed 7 --out_dir 'data/my ii'")
 
 
 def edit_meta(d, **kw):
     (d / "meta.json").write_text(json.dumps({**json.loads((d / "meta.json").read_text()), **kw}))
 
 
-FAULTS = {  # name: (how the copy is damaged, the file named, whether meta.json still names its command)
+# name: (how the copy is damaged, the file named, whether meta.json still names its command)
+FAULTS = {
     "no meta.json": (lambda d: (d / "meta.json").unlink(), "meta.json", False),
-    "meta.json not JSON": (lambda d: (d / "meta.json").write_text('{"vocab_size": 67,'), "meta.json", False),
+    "meta.json not JSON": (lambda d: (d / "meta.json").write_text('{"vocab_size": 67,'),
+                           "meta.json", False),
     "vocab_size a string": (lambda d: edit_meta(d, vocab_size="67"), "meta.json", True),
     "dtype too narrow": (lambda d: edit_meta(d, dtype="uint8", vocab_size=300), "meta.json", True),
     "no val.bin": (lambda d: (d / "val.bin").unlink(), "val.bin", True),
     "odd byte count": (lambda d: open(d / "train.bin", "ab").write(b"\0"), "train.bin", True),
-    "token count differs": (lambda d: open(d / "val.bin", "ab").write(b"\0\0" * 23), "val.bin", True),
-    "a partial row": (lambda d: (open(d / "train.bin", "ab").write(b"\0\0"), edit_meta(d, tokens={})),
+    "token count differs": (lambda d: open(d / "val.bin", "ab").write(b"\0\0" * 23),
+                            "val.bin", True),
+    "a partial row": (lambda d: (open(d / "train.bin", "ab").write(b"\0\0"),
+                                 edit_meta(d, tokens={})),
                       "train.bin", True),
-    "mask length differs": (lambda d: open(d / "val_mask.bin", "ab").write(b"\0"), "val_mask.bin", True),
-    "token id >= vocab_size": (lambda d: np.full(460, 67, np.uint16).tofile(d / "val.bin"), "val.bin", True),
-    "mask all zeros": (lambda d: np.zeros(920, np.uint8).tofile(d / "train_mask.bin"), "train_mask.bin",
-                       True),
+    "mask length differs": (lambda d: open(d / "val_mask.bin", "ab").write(b"\0"),
+                            "val_mask.bin", True),
+    "token id >= vocab_size": (lambda d: np.full(460, 67, np.uint16).tofile(d / "val.bin"),
+                               "val.bin", True),
+    "mask all zeros": (lambda d: np.zeros(920, np.uint8).tofile(d / "train_mask.bin"),
+                       "train_mask.bin", True),
     "a mask byte of 7": (lambda d: np.full(920, 7, np.uint8).tofile(d / "train_mask.bin"),
                          "train_mask.bin", True),  # (it would weigh those tokens 7 times)
 }
@@ -205,8 +225,10 @@ def test_check_dataset_names_the_file_and_the_rebuild_command(tmp_path, fault):
     if not readable:
         cmd = f"python prepare/indirect_indexing.py --quick --out_dir {common.repo_path(d)}"
     assert "\n" not in str(e.value) and str(d / name) in str(e.value) and cmd in str(e.value)
-    for folder, script in (("jsb", "python prepare/jsb.py --out_dir "), ("mine", "python prepare/genome.py")):
-        with pytest.raises(common.PrepareError, match=script):  # no folder: the script that makes it
+    for folder, script in (("jsb", "python prepare/jsb.py --out_dir "),
+                           ("mine", "python prepare/genome.py")):
+        # no folder: the script that makes it
+        with pytest.raises(common.PrepareError, match=script):
             common.check_dataset(tmp_path / folder)
 
 
@@ -239,7 +261,8 @@ def test_a_format_this_repo_lacks_is_one_line():
     (["indirect_indexing.py", "--n_val", "0"], "--n_val"),
     (["indirect_indexing.py", "--seed", "-1"], "--seed"),
     (["indirect_indexing.py", "--min_len", "10", "--max_shift", "10"], "max_shift"),
-    (["indirect_indexing.py", "--n_train", str(10**11)], "--n_train"),  # more memory than any machine has
+    # more memory than any machine has
+    (["indirect_indexing.py", "--n_train", str(10**11)], "--n_train"),
 ])
 def test_a_daily_mistake_is_one_line_exit_2_and_writes_nothing(tmp_path, argv, named):
     argv = [a.format(tmp=tmp_path) for a in argv]

@@ -1,5 +1,5 @@
-"""prepare/genome.py on slices of GRCh37 chr20 ($POPE_SHARED_DATA/genome): vocabulary, a reference tokenizer,
-N handling, held-out regions and chromosomes, round trip, bad input."""
+"""prepare/genome.py on slices of GRCh37 chr20 ($POPE_SHARED_DATA/genome): vocabulary, a reference
+tokenizer, N handling, held-out regions and chromosomes, round trip, bad input."""
 import gzip
 import re
 
@@ -24,13 +24,15 @@ def ref_tokens(seq):
     out = []
     for contig in filter(None, re.split(r"[^ACGT]+", seq.upper())):
         k = len(contig) // 6 * 6
-        out += [6 + int(contig[i:i + 6].translate(str.maketrans("ACGT", "0123")), 4) for i in range(0, k, 6)]
+        out += [6 + int(contig[i:i + 6].translate(str.maketrans("ACGT", "0123")), 4)
+                for i in range(0, k, 6)]
         out += [4102 + "ACGT".index(b) for b in contig[k:]] + [4]
     return out
 
 
 def write_fasta(path, records, width=60):
-    text = "".join(f">{name}\n" + "".join(seq[i:i + width] + "\n" for i in range(0, len(seq), width))
+    text = "".join(f">{name}\n"
+                   + "".join(seq[i:i + width] + "\n" for i in range(0, len(seq), width))
                    for name, seq in records)
     with (gzip.open(path, "wt") if str(path).endswith(".gz") else open(path, "w")) as f:
         f.write(text)
@@ -49,14 +51,17 @@ def records(chr20):
 def test_vocabulary_and_round_trip():
     assert genome.VOCAB_SIZE == 4107 and len(set(genome.ITOS)) == 4107
     assert genome.ITOS[:6] == ["<unk>", "<pad>", "<mask>", "<cls>", "<eos>", "<bos>"]
-    assert genome.ITOS[6] == "AAAAAA" and genome.ITOS[7] == "AAAAAC" and genome.ITOS[4101] == "TTTTTT"
-    assert genome.ITOS[4102:] == ["A", "C", "G", "T", "N"] and genome.ITOS[6 + int("012301", 4)] == "ACGTAC"
+    assert (genome.ITOS[6] == "AAAAAA" and genome.ITOS[7] == "AAAAAC"
+            and genome.ITOS[4101] == "TTTTTT")
+    assert (genome.ITOS[4102:] == ["A", "C", "G", "T", "N"]
+            and genome.ITOS[6 + int("012301", 4)] == "ACGTAC")
     assert genome.encode("ACGTAC") == [6 + int("012301", 4), 4]
     rng = np.random.default_rng(0)
     for n in [1, 5, 6, 7, 12, 13, 1000, 1003]:
         s = "".join(rng.choice(list("ACGT"), n))
         ids = genome.encode_contig(s)
-        assert len(ids) == n // 6 + n % 6 and genome.decode(ids) == s and genome.encode(s) == ref_tokens(s)
+        assert (len(ids) == n // 6 + n % 6 and genome.decode(ids) == s
+                and genome.encode(s) == ref_tokens(s))
     assert genome.decode(genome.encode("ACGTACGTNNNNacgtRAC")) == "ACGTACGT\nACGT\nAC\n"
 
 
@@ -75,7 +80,8 @@ def test_regions_held_out_chromosomes_and_decode_match_the_reference(tmp_path, r
         expect["test"] += ref_tokens(seq[t:])
         regions[name.split()[0]] = {"val": [v, t], "test": [t, L]}
     assert {s: read_bin(tmp_path / "o", s).tolist() for s in common.SPLITS} == expect
-    assert counts == {s: len(t) for s, t in expect.items()} == {"train": 6_270, "val": 45, "test": 45}
+    assert (counts == {s: len(t) for s, t in expect.items()}
+            == {"train": 6_270, "val": 45, "test": 45})
     assert meta["holdout_regions"] == regions
     assert meta["records"] == [{"name": "chr1", "length": 20_000, "acgt": 19_569},
                                {"name": "chr2", "length": 12_345, "acgt": 8_437},
@@ -86,16 +92,21 @@ def test_regions_held_out_chromosomes_and_decode_match_the_reference(tmp_path, r
     write_fasta(tmp_path / "s.fa", records)  # plain FASTA, held-out chromosomes
     counts = genome.main(["--input", str(tmp_path / "s.fa"), "--out_dir", str(tmp_path / "o"),
                           "--val_chroms", "2", "--test_chroms", "chr3"])
-    assert counts == {"train": len(ref_tokens(records[0][1])), "val": len(ref_tokens(records[1][1])),
-                      "test": len(ref_tokens(records[2][1]))} == {"train": 3_265, "val": 1_408, "test": 1_673}
-    train, test = (genome.decode(read_bin(tmp_path / "o", s)).splitlines() for s in ("train", "test"))
+    assert (counts
+            == {"train": len(ref_tokens(records[0][1])), "val": len(ref_tokens(records[1][1])),
+                "test": len(ref_tokens(records[2][1]))}
+            == {"train": 3_265, "val": 1_408, "test": 1_673})
+    train, test = (genome.decode(read_bin(tmp_path / "o", s)).splitlines()
+                   for s in ("train", "test"))
     assert train == [records[0][1][:19_569].upper()]  # one contig: the bases before the N run
     assert test == [records[2][1][:5000], records[2][1][5001:]]
     meta = common.load_meta(tmp_path / "o")
     assert meta["holdout_regions"] == {} and meta["tokens"] == counts
-    for option in (["--val_chroms", "9"], ["--chroms", "chr2,9"]):  # the chromosome that is not in the file
+    # the chromosome that is not in the file
+    for option in (["--val_chroms", "9"], ["--chroms", "chr2,9"]):
         with pytest.raises(common.PrepareError, match="'9'"):
-            genome.main(["--input", str(tmp_path / "s.fa"), "--out_dir", str(tmp_path / "p"), *option])
+            genome.main(["--input", str(tmp_path / "s.fa"), "--out_dir", str(tmp_path / "p"),
+                         *option])
     assert not (tmp_path / "p").exists()
 
 

@@ -27,10 +27,12 @@ def check_rows(toks, mask, min_len, max_len, max_shift):
         mt = LINE.match(line)
         assert mt, line
         string, char, shift, target = mt.group(1), mt.group(2), int(mt.group(3)), mt.group(4)
-        assert min_len <= len(string) <= max_len and len(set(string)) == len(string)  # distinct letters
+        # distinct letters
+        assert min_len <= len(string) <= max_len and len(set(string)) == len(string)
         idx = string.index(char)
         assert -max_shift <= shift <= max_shift and 0 <= idx + shift < len(string)
-        assert string[idx + shift] == target and ii.parse_example(line) == (string, char, shift, target)
+        assert (string[idx + shift] == target
+                and ii.parse_example(line) == (string, char, shift, target))
         assert ii.format_example(string, char, shift, target) == line
         # the mask scores exactly the target letter, the last character of the line
         assert m.sum() == 1 and np.flatnonzero(m)[0] == len(line) - 1
@@ -40,21 +42,26 @@ def check_rows(toks, mask, min_len, max_len, max_shift):
 
 
 def test_vocabulary():
-    assert ii.ITOS[:5] == ["\n", " ", "+", ",", "-"] and len(ii.ITOS) == 67 and len(set(ii.ITOS)) == 67
+    assert (ii.ITOS[:5] == ["\n", " ", "+", ",", "-"] and len(ii.ITOS) == 67
+            and len(set(ii.ITOS)) == 67)
     assert "".join(ii.ITOS[5:15]) == "0123456789" and "".join(ii.ITOS[15:]) == ii.LETTERS
-    assert ii.decode(ii.encode("NZTUIGWkXFrhCJDzscat, N, +4, I")) == "NZTUIGWkXFrhCJDzscat, N, +4, I"
+    assert (ii.decode(ii.encode("NZTUIGWkXFrhCJDzscat, N, +4, I"))
+            == "NZTUIGWkXFrhCJDzscat, N, +4, I")
     assert ii.row_len_for(40, 15) == 52 and ii.row_len_for(12, 3) == 23
-    for text, meta in (("Kbé, R, +2, ", None), ("Kb, R, <+20>, ", {"itos": ii.vocabulary("token")})):
+    for text, meta in (("Kbé, R, +2, ", None),
+                       ("Kb, R, <+20>, ", {"itos": ii.vocabulary("token")})):
         with pytest.raises(ValueError):
             ii.encode(text, meta)
     assert ii.encode("Kb, R, <+2>, ", {"itos": ii.vocabulary("token")})[-3] == len(ii.ITOS) + 15 + 2
 
 
 def test_paper_format_every_row(tmp_path):
-    counts = ii.main(["--n_train", "3000", "--n_val", "500", "--n_test", "500", "--out_dir", str(tmp_path)])
+    counts = ii.main(["--n_train", "3000", "--n_val", "500", "--n_test", "500",
+                      "--out_dir", str(tmp_path)])
     assert counts == {"train": 3000 * 52, "val": 500 * 52, "test": 500 * 52}
     meta = common.load_meta(tmp_path)
-    assert meta["format"] == "indirect_indexing" and meta["vocab_size"] == 67 and meta["row_len"] == 52
+    assert (meta["format"] == "indirect_indexing" and meta["vocab_size"] == 67
+            and meta["row_len"] == 52)
     assert meta["itos"] == ii.ITOS and meta["dtype"] == "uint16" and meta["tokens"] == counts
     assert common.check_dataset(tmp_path, common.SPLITS) == meta
     seen = {}
@@ -64,7 +71,8 @@ def test_paper_format_every_row(tmp_path):
         check_rows(toks, mask, 20, 40, 15)
         seen[split] = {bytes(r) for r in toks}
     # splits come from different seeds: no shared example
-    assert not (seen["train"] & seen["val"] or seen["train"] & seen["test"] or seen["val"] & seen["test"])
+    assert not (seen["train"] & seen["val"] or seen["train"] & seen["test"]
+                or seen["val"] & seen["test"])
 
 
 def test_shift_is_uniform_and_lengths_cover_range():
@@ -80,7 +88,8 @@ def test_shift_is_uniform_and_lengths_cover_range():
     vals = np.array([int("".join(ii.ITOS[d] for d in ds if ii.ITOS[d].isdigit())) for ds in digits])
     vals = np.where(sign == ii.STOI["-"], -vals, vals)
     counts = np.bincount(vals + 15, minlength=31)
-    assert counts.sum() == 62_000 and counts.min() > 1700 and counts.max() < 2300  # expected 2000 each
+    # expected 2000 each
+    assert counts.sum() == 62_000 and counts.min() > 1700 and counts.max() < 2300
     assert np.array_equal(tpos, lens + 9 + (np.abs(vals) >= 10))
 
 
@@ -88,7 +97,8 @@ def test_paper_sizes(tmp_path):
     counts = ii.main(["--out_dir", str(tmp_path)])
     assert counts == {"train": 52_000_000, "val": 520_000, "test": 520_000}
     assert (tmp_path / "train.bin").stat().st_size == 104_000_000
-    assert np.memmap(tmp_path / "train_mask.bin", dtype=np.uint8, mode="r").sum(dtype=np.int64) == 1_000_000
+    assert np.memmap(tmp_path / "train_mask.bin", dtype=np.uint8,
+                     mode="r").sum(dtype=np.int64) == 1_000_000
 
 
 def test_quick_variant_and_seeds(tmp_path):
@@ -105,40 +115,49 @@ def test_quick_variant_and_seeds(tmp_path):
 
 @pytest.mark.parametrize("setting", [dict(), dict(min_len=8, max_len=12, max_shift=3)])
 def test_content_floor_matches_the_generator(setting):
-    """The exact floors of the content-only rules against the same rules scored on 200k examples of the real
-    generator (their expected score per example; a shift of 0 is always right)."""
+    """The exact floors of the content-only rules against the same rules scored on 200k examples of
+    the real generator (their expected score per example; a shift of 0 is always right)."""
     rows, _ = ii.generate_rows(200_000, np.random.default_rng(2024), **setting)
     copy, valid = [], []
     for row in rows[:, :60].tolist():
         string, char, shift, target = ii.parse_example(ii.decode(row).split("\n")[0])
-        L, i, targets = len(string), string.index(char), range(max(0, shift), len(string) + min(0, shift))
+        L, i, targets = (len(string), string.index(char),
+                         range(max(0, shift), len(string) + min(0, shift)))
         copy.append(1.0 if shift == 0 else 1.0 / (L - 1))
         valid.append(1.0 if shift == 0 else 1.0 / (len(targets) - (i in targets)))
     want = ii.content_floor(**setting)
-    assert abs(np.mean(copy) - want["copy"]) < 0.003 and abs(np.mean(valid) - want["valid"]) < 0.003, want
+    assert (abs(np.mean(copy) - want["copy"]) < 0.003
+            and abs(np.mean(valid) - want["valid"]) < 0.003), want
     if not setting:  # the paper's setting: ~6.7% and ~8.5%, not E[1/L] ~ 3.5%
         assert 0.066 < want["copy"] < 0.068 and 0.084 < want["valid"] < 0.086
 
 
-VARIANT_LINE = {  # (shift_format, order) -> the line's pattern, groups (string, char, shift, target)
-    ("token", "string_first"): (r"^([A-Za-z]+), ([A-Za-z]), <([+-]\d{1,2})>, ([A-Za-z])$", (1, 2, 3, 4)),
-    ("chars", "question_first"): (r"^([A-Za-z]), ([+-]\d{1,2}), ([A-Za-z]+), ([A-Za-z])$", (3, 1, 2, 4)),
-    ("token", "question_first"): (r"^([A-Za-z]), <([+-]\d{1,2})>, ([A-Za-z]+), ([A-Za-z])$", (3, 1, 2, 4)),
+# (shift_format, order) -> the line's pattern, groups (string, char, shift, target)
+VARIANT_LINE = {
+    ("token", "string_first"): (r"^([A-Za-z]+), ([A-Za-z]), <([+-]\d{1,2})>, ([A-Za-z])$",
+                                (1, 2, 3, 4)),
+    ("chars", "question_first"): (r"^([A-Za-z]), ([+-]\d{1,2}), ([A-Za-z]+), ([A-Za-z])$",
+                                  (3, 1, 2, 4)),
+    ("token", "question_first"): (r"^([A-Za-z]), <([+-]\d{1,2})>, ([A-Za-z]+), ([A-Za-z])$",
+                                  (3, 1, 2, 4)),
 }
 
 
 @pytest.mark.parametrize("shift_format,order", list(VARIANT_LINE))
 def test_format_variants(tmp_path, shift_format, order):
-    """--shift_format token / --order question_first: every row parses in its format, the target is right and
-    alone in the mask, a shift token is one token, the examples are the default's draws written otherwise."""
+    """--shift_format token / --order question_first: every row parses in its format, the target is
+    right and alone in the mask, a shift token is one token, the examples are the default's draws
+    written otherwise."""
     args = ["--n_train", "2000", "--n_val", "300", "--n_test", "300"]
     ii.main(args + ["--out_dir", str(tmp_path / "paper")])
-    ii.main(args + ["--shift_format", shift_format, "--order", order, "--out_dir", str(tmp_path / "v")])
+    ii.main(args + ["--shift_format", shift_format, "--order", order,
+                    "--out_dir", str(tmp_path / "v")])
     pattern, groups = VARIANT_LINE[shift_format, order]
     for split in ("train", "val", "test"):
         _, ptoks, _ = rows_of(tmp_path / "paper", split)
         meta, toks, mask = rows_of(tmp_path / "v", split)
-        assert (meta["vocab_size"], meta["row_len"]) == ((98, 50) if shift_format == "token" else (67, 52))
+        assert ((meta["vocab_size"], meta["row_len"])
+                == ((98, 50) if shift_format == "token" else (67, 52)))
         assert len(meta["itos"]) == meta["vocab_size"] and meta["shift_format"] == shift_format
         assert meta["order"] == order
         for prow, row, m in zip(ptoks, toks, mask):
@@ -146,10 +165,11 @@ def test_format_variants(tmp_path, shift_format, order):
             string, char, shift, target = (re.match(pattern, line).group(g) for g in groups)
             shift = int(shift)
             assert string[string.index(char) + shift] == target
-            assert ii.parse_example(ii.decode(prow).rstrip("\n")) == (string, char, shift, target) == \
-                ii.parse_example(line, order)
+            assert (ii.parse_example(ii.decode(prow).rstrip("\n")) == (string, char, shift, target)
+                    == ii.parse_example(line, order))
             n_tokens = len(line) - (len(f"<{shift:+d}>") - 1 if shift_format == "token" else 0)
-            assert m.sum() == 1 and np.flatnonzero(m)[0] == n_tokens - 1  # the last token, the target
+            # the last token, the target
+            assert m.sum() == 1 and np.flatnonzero(m)[0] == n_tokens - 1
             assert meta["itos"][row[n_tokens - 1]] == target
             assert ii.encode(ii.decode(row, meta), meta) == list(row)
 

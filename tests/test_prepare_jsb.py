@@ -1,5 +1,6 @@
-"""prepare/jsb.py on the real JSB Chorales ($POPE_SHARED_DATA/music): counts, exact round trip against the
-JSON, npz == json, the download route, bad input, no unpickling without --allow_pickle."""
+"""prepare/jsb.py on the real JSB Chorales ($POPE_SHARED_DATA/music): counts, exact round trip
+against the JSON, npz == json, the download route, bad input, no unpickling without
+--allow_pickle."""
 import json
 import os
 import shutil
@@ -27,7 +28,8 @@ def prepared(music, tmp_path_factory):
 def test_vocabulary_and_prompts():
     assert len(jsb.ITOS) == 90 and len(set(jsb.ITOS)) == 90 and jsb.ITOS[:3] == ["<s>", "R", "A0"]
     assert jsb.ITOS[60 - 21 + 2] == "C4" and jsb.ITOS[-1] == "C8" and jsb.ITOS[81 - 19] == "A5"
-    assert jsb.encode("<s> C5 G4 E4 C3 . R A#2") == [0, 72 - 19, 67 - 19, 64 - 19, 48 - 19, 1, 1, 46 - 19]
+    assert (jsb.encode("<s> C5 G4 E4 C3 . R A#2")
+            == [0, 72 - 19, 67 - 19, 64 - 19, 48 - 19, 1, 1, 46 - 19])
     assert jsb.roll_from_ids(jsb.encode("<s> C5 G4 E4 C3")).tolist() == [[72, 67, 64, 48]]
     with pytest.raises(ValueError, match="H2"):
         jsb.encode("C4 H2")
@@ -87,10 +89,12 @@ def test_npz_without_allow_pickle_is_refused_and_never_unpickled(tmp_path, music
     arr[0], arr[1] = np.full((4, 4), 60.0, dtype=np.float16), Payload()
     np.savez(tmp_path / "Jsb16thSeparated.npz", train=arr, valid=arr, test=arr)
     for src in (tmp_path / "Jsb16thSeparated.npz", tmp_path, music / "Jsb16thSeparated.npz"):
-        with pytest.raises(common.PrepareError, match="--allow_pickle"):  # the file, its folder, the real one
+        # the file, its folder, the real one
+        with pytest.raises(common.PrepareError, match="--allow_pickle"):
             jsb.main(["--input", str(src), "--out_dir", str(tmp_path / "o")])
         assert not (tmp_path / "pwned").exists() and not (tmp_path / "o").exists()
-    with pytest.raises(common.PrepareError):  # the payload is real: --allow_pickle (trusted files) runs it
+    # the payload is real: --allow_pickle (trusted files) runs it
+    with pytest.raises(common.PrepareError):
         jsb.main(["--input", str(tmp_path), "--allow_pickle", "--out_dir", str(tmp_path / "o")])
     assert (tmp_path / "pwned").is_dir()
 
@@ -115,7 +119,8 @@ def test_decode_and_save_sample(prepared, tmp_path):
 
 
 @pytest.mark.parametrize("name, text, named", [
-    ("empty.json", {"train": [[[60, 55, 52, 48]]], "valid": [[[60, 55, 52, 48]]], "test": []}, "'test'"),
+    ("empty.json", {"train": [[[60, 55, 52, 48]]], "valid": [[[60, 55, 52, 48]]], "test": []},
+     "'test'"),
     ("bad.json", {"train": [[[60, 55, 52, 130]]], "valid": [[[60, 55, 52, 48]]],
                   "test": [[[60, 55, 52, 48]]]}, "130"),
     ("folder", None, "folder"),

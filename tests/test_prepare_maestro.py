@@ -1,6 +1,7 @@
-"""prepare/maestro.py on a slice of the real MAESTRO v2.0.0 sample ($POPE_SHARED_DATA/music/maestro): the
-official split, REMI vocabulary, transposition (against transposing the MIDI), corrupt and missing files
-skipped and counted, MIDI round trip, unusable input, miditok missing."""
+"""prepare/maestro.py on a slice of the real MAESTRO v2.0.0 sample
+($POPE_SHARED_DATA/music/maestro): the official split, REMI vocabulary, transposition (against
+transposing the MIDI), corrupt and missing files skipped and counted, MIDI round trip, unusable
+input, miditok missing."""
 import collections
 import csv
 import re
@@ -66,10 +67,12 @@ def test_vocabulary(tok, monkeypatch):
     itos = maestro.itos_of(tok)
     assert len(itos) == 328 and itos[:4] == ["PAD_None", "BOS_None", "EOS_None", "Bar_None"]
     assert collections.Counter(name.split("_")[0] for name in itos) == {
-        "PAD": 1, "BOS": 1, "EOS": 1, "Bar": 1, "Pitch": 89, "Velocity": 32, "Duration": 64, "Position": 96,
-        "Tempo": 32, "TimeSig": 9, "Pedal": 1, "PedalOff": 1}
-    assert "Pitch_21" in itos and "Pitch_109" in itos and "Pitch_20" not in itos and "Pitch_110" not in itos
-    monkeypatch.setitem(sys.modules, "miditok", None)  # makes `import miditok` fail: one line naming it
+        "PAD": 1, "BOS": 1, "EOS": 1, "Bar": 1, "Pitch": 89, "Velocity": 32, "Duration": 64,
+        "Position": 96, "Tempo": 32, "TimeSig": 9, "Pedal": 1, "PedalOff": 1}
+    assert ("Pitch_21" in itos and "Pitch_109" in itos
+            and "Pitch_20" not in itos and "Pitch_110" not in itos)
+    # makes `import miditok` fail: one line naming it
+    monkeypatch.setitem(sys.modules, "miditok", None)
     with pytest.raises(common.PrepareError, match="miditok"):
         maestro.make_tokenizer()
 
@@ -81,18 +84,20 @@ def test_counts_skips_and_streams_match_direct_tokenization_and_midi_transpositi
     assert meta["pieces"] == {"train": 2, "val": 1, "test": 1} and meta["skipped_empty"] == 0
     assert meta["skipped_corrupt"] == 1 and meta["skipped_corrupt_files"] == ["2011/corrupt.midi"]
     assert meta["missing"] == 1 and meta["transpose"] == [0, -1, 1, -2, 2, -3, 3]
-    # the second train piece reaches pitch 107: +3 would leave Pitch_21..Pitch_109, so it is left out
-    assert meta["transpositions_skipped"] == 1 and meta["sequences"] == {"train": 7 + 6, "val": 1, "test": 1}
+    # train piece 2 reaches pitch 107: +3 would leave Pitch_21..Pitch_109, so it is left out
+    assert (meta["transpositions_skipped"] == 1
+            and meta["sequences"] == {"train": 7 + 6, "val": 1, "test": 1})
     # BOS + tokens + EOS per sequence: 641 and 4,931 REMI tokens (train), 2,436 (val), 3,283 (test)
     assert counts == {"train": 7 * (641 + 2) + 6 * (4_931 + 2), "val": 2_436 + 2, "test": 3_283 + 2}
     for split, names in (("val", VAL), ("test", TEST)):
         status, ids = maestro.tokenize_file(folder / names[0], tok)
-        assert status == "ok" and read_bin(out, split).tolist() == [maestro.BOS, *ids.tolist(), maestro.EOS]
+        assert (status == "ok"
+                and read_bin(out, split).tolist() == [maestro.BOS, *ids.tolist(), maestro.EOS])
     train = read_bin(out, "train")
     bos, eos = np.flatnonzero(train == maestro.BOS), np.flatnonzero(train == maestro.EOS)
     seqs = [train[b + 1:e] for b, e in zip(bos, eos)]
     assert len(seqs) == 13 and eos[-1] == len(train) - 1
-    # each piece transposed by 0, -1, +1, -2, +2, -3, +3: the same tokens as transposing the MIDI itself
+    # each piece transposed by 0, -1, +1, -2, +2, -3, +3: the same tokens as transposing the MIDI
     import symusic
     for piece, first, offsets in ((TRAIN[0], 0, [0, -1, 1, -2, 2, -3, 3]),
                                   (TRAIN[1], 7, [0, -1, 1, -2, 2, -3])):

@@ -1,6 +1,6 @@
-"""prepare/openwebtext.py on the real OWT sample and English corpora ($POPE_SHARED_DATA/text): the tokens
-equal an independent encoding, the split rule, worker-count independence, bad input, and the Hub's parquet
-route with a stub in place of the download."""
+"""prepare/openwebtext.py on the real OWT sample and English corpora ($POPE_SHARED_DATA/text): the
+tokens equal an independent encoding, the split rule, worker-count independence, bad input, and the
+Hub's parquet route with a stub in place of the download."""
 import json
 import math
 import sys
@@ -22,7 +22,8 @@ def text_dir(shared_data):
 
 def test_split_rule():
     is_val = owt.val_documents(1000)
-    assert is_val.sum() == 1 and np.flatnonzero(is_val)[0] == np.random.default_rng(2357).permutation(1000)[0]
+    assert (is_val.sum() == 1
+            and np.flatnonzero(is_val)[0] == np.random.default_rng(2357).permutation(1000)[0])
     assert owt.val_documents(2).sum() == 1
     assert owt.val_documents(8_013_769).sum() == math.ceil(0.0005 * 8_013_769) == 4_007
     with pytest.raises(common.PrepareError):
@@ -46,7 +47,8 @@ def test_owt_sample_is_its_documents_encoded_and_split_by_the_rule(text_dir, tmp
     meta = common.load_meta(out)
     assert counts == meta["tokens"] == {"train": 1_053_684, "val": 1_315}
     assert meta["documents"] == {"train": 999, "val": 1}
-    assert meta["tokenizer"] == "gpt2" and meta["vocab_size"] == 50257 and common.check_dataset(out) == meta
+    assert (meta["tokenizer"] == "gpt2" and meta["vocab_size"] == 50257
+            and common.check_dataset(out) == meta)
     assert owt.decode(read_bin(out, "val")[:-1], meta) == docs[int(np.flatnonzero(is_val)[0])]
     first = {p.name: p.read_bytes() for p in out.iterdir()}
     monkeypatch.setattr(owt, "BATCH_DOCS", 7)  # workers and batches do not change the files
@@ -57,7 +59,8 @@ def test_owt_sample_is_its_documents_encoded_and_split_by_the_rule(text_dir, tmp
 
 def test_a_folder_of_text_files_and_a_held_out_val(text_dir, tmp_path):
     eng = text_dir / "english"
-    docs = {f: (eng / f).read_text(encoding="utf-8").rstrip("\n").split("\n\n\n")  # (--txt_doc_sep's default)
+    # "\n\n\n": --txt_doc_sep's default
+    docs = {f: (eng / f).read_text(encoding="utf-8").rstrip("\n").split("\n\n\n")
             for f in ("state_union.txt", "inaugural.txt")}
     union, d = docs["state_union.txt"], tmp_path / "dir"
     (d / "sub").mkdir(parents=True)
@@ -68,7 +71,8 @@ def test_a_folder_of_text_files_and_a_held_out_val(text_dir, tmp_path):
     out = tmp_path / "h"
     owt.main(["--input", str(d), "--val_input", str(eng / "inaugural.txt"), "--out_dir", str(out),
               "--num_proc", "2"])
-    meta = common.load_meta(out)  # --input's documents in train, in sorted path order; --val_input's in val
+    # --input's documents in train, in sorted path order; --val_input's in val
+    meta = common.load_meta(out)
     assert meta["source"] == ["a.txt", "c.jsonl", "sub/b.txt"]
     assert meta["documents"] == {"train": 4, "val": 59}
     assert np.array_equal(read_bin(out, "train"), encoded(union[:2] + [union[3], union[2]]))
@@ -94,8 +98,9 @@ def test_bad_input_is_refused_and_writes_nothing(tmp_path, files, named):
 
 
 def test_without_input_the_hubs_parquet_conversion_is_loaded(tmp_path, monkeypatch, capsys):
-    """datasets 4 refuses the dataset's loading script: the parquet files of refs/convert/parquet are loaded
-    instead (here a stub in place of the download: no network in tests); offline, one line naming --input."""
+    """datasets 4 refuses the dataset's loading script: the parquet files of refs/convert/parquet
+    are loaded instead (here a stub in place of the download: no network in tests); offline, one
+    line naming --input."""
     docs, calls = ["The first web page.", "A second one, longer than the first.", "A third."], []
 
     def load_dataset(path, revision=None, split=None):
@@ -108,7 +113,8 @@ def test_without_input_the_hubs_parquet_conversion_is_loaded(tmp_path, monkeypat
         monkeypatch.setenv(name, "0")
     counts = owt.main(["--out_dir", str(tmp_path / "o"), "--num_proc", "1"])
     assert calls == [("Skylion007/openwebtext", "refs/convert/parquet", "train")]
-    assert "8,013,769" in capsys.readouterr().err  # the warning: not OpenWebText's count (said, not silent)
+    # the warning: not OpenWebText's count (said, not silent)
+    assert "8,013,769" in capsys.readouterr().err
     val = owt.val_documents(3)
     want = {s: encoded([t for t, v in zip(docs, val) if v == (s == "val")]).tolist()
             for s in ("train", "val")}

@@ -1,8 +1,9 @@
-"""README.md's commands as a user types them: every `python ...` line of its ```bash blocks runs, in the
-README's order, as a subprocess in a scratch copy of the repo, on tiny data this test makes, with settings
-that shrink the run appended (the last value wins, as for any setting). Each must exit 0 and leave what it
-promises. With CUDA visible they run there with their defaults (compile, the fused kernel, sample.py's CUDA
-graph); on a CPU, train.py's compile is off. `pip install` and the test suite itself are not rerun here."""
+"""README.md's commands as a user types them: every `python ...` line of its ```bash blocks runs, in
+the README's order, as a subprocess in a scratch copy of the repo, on tiny data this test makes,
+with settings that shrink the run appended (the last value wins, as for any setting). Each must exit
+0 and leave what it promises. With CUDA visible they run there with their defaults (compile, the
+fused kernel, sample.py's CUDA graph); on a CPU, train.py's compile is off. `pip install` and the
+test suite itself are not rerun here."""
 import json
 import os
 import re
@@ -20,23 +21,25 @@ ROOT = Path(__file__).resolve().parent.parent
 CUDA = torch.cuda.is_available()
 SKIPPED = (("-m", "pip"), ("-m", "pytest"))  # the install, and this suite
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=64"]  # head dim 32, which the kernels take
+# (--always_save_checkpoint: 2 steps may not beat step 0's val loss, the quick config's rule)
 SHORT = ["--block_size=64", "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=2",
-         "--lr_decay_iters=2", "--warmup_iters=1", "--eval_interval=2", "--eval_iters=1", "--log_interval=1",
-         "--always_save_checkpoint=True"]  # (2 steps may not beat step 0's val loss, the quick config's rule)
+         "--lr_decay_iters=2", "--warmup_iters=1", "--eval_interval=2", "--eval_iters=1",
+         "--log_interval=1", "--always_save_checkpoint=True"]
 SHRINK = {  # script: what is appended (train.py's depend on the command: see shrink())
     "prepare/openwebtext.py": ["--input", "owt.jsonl"],  # the README's offline form (no Hub here)
     "eval_extrapolation.py": ["--max_tokens", "1280"],
     "eval_downstream.py": ["--limit", "2"],
     "sample.py": [] if CUDA else ["--max_new_tokens=16"],  # (on CUDA: 200 tokens, a CUDA graph)
 }
-NEEDS = {"eval_downstream.py": "lm_eval"}  # script: the requirements-dev.txt package it cannot run without
-WORDS = ("the model reads a long prompt and every position after it counts; attention decides which "
-         "earlier token matters, and the phase of each key says where it stood. ").split()
+# script: the requirements-dev.txt package it cannot run without
+NEEDS = {"eval_downstream.py": "lm_eval"}
+WORDS = ("the model reads a long prompt and every position after it counts; attention decides "
+         "which earlier token matters, and the phase of each key says where it stood. ").split()
 
 
 def readme_commands():
-    """Each python command of README.md's ```bash blocks, as argv lists (comments dropped, lines joined at
-    a trailing backslash, && chains split), in the README's order."""
+    """Each python command of README.md's ```bash blocks, as argv lists (comments dropped, lines
+    joined at a trailing backslash, && chains split), in the README's order."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
@@ -49,7 +52,8 @@ def readme_commands():
 
 
 def setting(argv, key, default):
-    """The last --key=value of argv, else its config file's (argv[2], if it is one), else default."""
+    """The last --key=value of argv, else its config file's (argv[2], if it is one), else
+    default."""
     given = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{key}=")]
     if given:
         return given[-1]
@@ -59,7 +63,8 @@ def setting(argv, key, default):
 
 
 def shrink(argv):
-    """The settings appended to argv: train.py's sizes (a fine-tune or resume keeps its checkpoint's model)."""
+    """The settings appended to argv: train.py's sizes (a fine-tune or resume keeps its checkpoint's
+    model)."""
     if argv[1] != "train.py" or "--help" in argv:
         return SHRINK.get(argv[1], [])
     cpu = [] if CUDA else ["--compile=False"]
@@ -71,8 +76,8 @@ def shrink(argv):
 
 
 def missing(argv, cwd, out):
-    """What a command that exited 0 did not leave in cwd: the files it names, a checkpoint or eval.json,
-    the samples on stdout."""
+    """What a command that exited 0 did not leave in cwd: the files it names, a checkpoint or
+    eval.json, the samples on stdout."""
     script = argv[1]
     files = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--json", "--plot")]
     if script == "train.py" and "--help" not in argv:
@@ -89,7 +94,8 @@ def missing(argv, cwd, out):
 
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory):
-    """A copy of the repo's code (no tests, results or git) and the data the README's commands read."""
+    """A copy of the repo's code (no tests, results or git) and the data the README's commands
+    read."""
     root = tmp_path_factory.mktemp("readme")
     skip = shutil.ignore_patterns(".*", "tests", "results", "data", "out*", "__pycache__", "*.md")
     shutil.copytree(ROOT, root, ignore=skip, dirs_exist_ok=True)
@@ -104,20 +110,22 @@ def scratch(tmp_path_factory):
     (shared / "text" / "english" / "tinyshakespeare.txt").write_text(" ".join(WORDS * 60))
     (shared / "evals").mkdir()
     lambada = [{"text": " ".join(WORDS[i:i + 12])} for i in range(4)]
-    (shared / "evals" / "lambada_openai.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lambada))
+    (shared / "evals" / "lambada_openai.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in lambada))
     return root
 
 
 def run_commands(scratch, commands):
-    """Each command, in order, exits 0 and leaves its files (a checkpoint, eval.json, --json/--plot, the
-    samples); the first that fails is reported with its output."""
+    """Each command, in order, exits 0 and leaves its files (a checkpoint, eval.json, --json/--plot,
+    the samples); the first that fails is reported with its output."""
     env = dict(os.environ, POPE_SHARED_DATA=str(scratch / "shared"), PYTHONUNBUFFERED="1")
     for typed in commands:
         argv = [a.replace("$POPE_SHARED_DATA", env["POPE_SHARED_DATA"]) for a in typed]
         full = [sys.executable, *argv[1:], *shrink(argv)]
         p = subprocess.run(full, cwd=scratch, env=env, capture_output=True, text=True, timeout=600)
         what = f"{shlex.join(typed)} (+ {shlex.join(shrink(argv))})"
-        assert p.returncode == 0, f"{what}: exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+        assert p.returncode == 0, (
+            f"{what}: exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
         lacking = missing(argv, scratch, p.stdout)
         assert not lacking, f"{what}: exit 0 but no {lacking}\n{p.stderr[-2000:]}"
 
@@ -131,8 +139,8 @@ def test_the_readme_commands_run_as_typed(scratch):
 
 
 def test_the_readme_commands_that_need_a_dev_package(scratch):
-    """The commands of NEEDS, on the checkpoints the previous test trained; skipped where their package
-    is not installed (requirements-dev.txt)."""
+    """The commands of NEEDS, on the checkpoints the previous test trained; skipped where their
+    package is not installed (requirements-dev.txt)."""
     commands = [argv for argv in readme_commands() if argv[1] in NEEDS]
     assert commands, "README.md has no eval_downstream.py command"
     for argv in commands:

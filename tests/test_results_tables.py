@@ -224,21 +224,26 @@ def test_paired_statistics_against_float64_references():
 
 
 def test_time_to_sample_from_the_printouts(tmp_path):
-    """sample_time.sh's printouts: each call's series (a commit), setting, wall, first-token, import,
-    checkpoint and capture times; a sample.py that does not print its imports' time says so."""
+    """sample_time.sh's printouts: each call's series (a commit), setting, wall, first-token,
+    import, checkpoint and capture times; a sample.py that does not print its imports' time says
+    so."""
     folder = tmp_path / "sample" / "time-to-sample"
     folder.mkdir(parents=True)
-    call = ("{} {} rc=0 wall={} s\ndecoding: graph\nprefill: 3 x 4 tokens in 9.0 ms; time to first token "
-            "{} s since start{}\ndecode: 3 x 9 tokens in 1.0 s: 27.0 tokens/s (capture {} s excluded)\n")
+    call = ("{} {} rc=0 wall={} s\n"
+            "decoding: graph\n"
+            "prefill: 3 x 4 tokens in 9.0 ms; time to first token {} s since start{}\n"
+            "decode: 3 x 9 tokens in 1.0 s: 27.0 tokens/s (capture {} s excluded)\n")
     (folder / "sampletime.txt").write_text("".join(
         call.format(series, run, w, f, more, c) for series, run, w, f, more, c in (
             ("abc1234", "cold", 20.5, 10.25, "", 8.5), ("abc1234", "warm", 18.0, 9.0, "", 6.0),
             ("def5678", "cold", 15.0, 7.5, " (imports 4.0 s, checkpoint 3.0 s)", 6.0))))
-    (folder / "sampledecode.txt").write_text("".join(call.format(
-        d, f"n={n}", w, 6.0, " (imports 3.0 s, checkpoint 2.0 s)", c).replace("decoding: graph\n", "")
+    (folder / "sampledecode.txt").write_text("".join(
+        call.format(d, f"n={n}", w, 6.0, " (imports 3.0 s, checkpoint 2.0 s)", c)
+        .replace("decoding: graph\n", "")
         for d, n, w, c in (("eager", 100, 12.0, 0.0), ("graph", 100, 11.5, 4.0))))
     s = summarize(tmp_path)
-    assert s.calls("sampletime") == [("abc1234", "cold", "20.5", "10.25", "not printed", "not printed", "8.5"),
-                                     ("abc1234", "warm", "18.0", "9.0", "not printed", "not printed", "6.0"),
-                                     ("def5678", "cold", "15.0", "7.5", "4.0", "3.0", "6.0")]
+    assert s.calls("sampletime") == [
+        ("abc1234", "cold", "20.5", "10.25", "not printed", "not printed", "8.5"),
+        ("abc1234", "warm", "18.0", "9.0", "not printed", "not printed", "6.0"),
+        ("def5678", "cold", "15.0", "7.5", "4.0", "3.0", "6.0")]
     assert s.calls("sampledecode")[1] == ("graph", "100", "11.5", "6.0", "3.0", "2.0", "4.0")

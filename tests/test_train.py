@@ -1,8 +1,9 @@
-"""train.py on tiny seeded datasets (conftest's data_root). Its numbers: a resume goes on bitwise, 2-process
-DDP (gloo) equals one process, loss masks and fixed rows, the full-split eval, the optimizer step against a
-float64 recomputation. Its refusals (exit status 1, one line naming the key or file, nothing written or
-damaged): mistakes, one run per out_dir, data changed under a run or before a resume, bad checkpoints, a
-diverging run. Runs are in this process (helpers.run_here), or new ones where a process is tested."""
+"""train.py on tiny seeded datasets (conftest's data_root). Its numbers: a resume goes on bitwise,
+2-process DDP (gloo) equals one process, loss masks and fixed rows, the full-split eval, the
+optimizer step against a float64 recomputation. Its refusals (exit status 1, one line naming the key
+or file, nothing written or damaged): mistakes, one run per out_dir, data changed under a run or
+before a resume, bad checkpoints, a diverging run. Runs are in this process (helpers.run_here), or
+new ones where a process is tested."""
 import copy
 import fractions
 import json
@@ -24,16 +25,17 @@ import train
 from model import GPT, GPTConfig
 
 TRAIN = train.__file__
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
-        "--log_interval=1", "--warmup_iters=2", "--device=cpu", "--learning_rate=3e-3",
-        "--lr_decay_iters=100"]
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4",
+        "--eval_iters=2", "--log_interval=1", "--warmup_iters=2", "--device=cpu",
+        "--learning_rate=3e-3", "--lr_decay_iters=100"]
 
 
 def start(argv, cwd):
-    """`python *argv` as a new process (where a process is what is tested), with conftest's thread count."""
+    """`python *argv` as a new process (where a process is what is tested), with conftest's thread
+    count."""
     env = dict(os.environ, PYTHONPATH=os.path.dirname(TRAIN))
-    return subprocess.Popen([sys.executable] + argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    return subprocess.Popen([sys.executable] + argv, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
 
 
 def run(argv, cwd):
@@ -51,30 +53,38 @@ def losses(out_dir):
 
 
 def test_resume_reproduces_uninterrupted_run(data_root, tmp_path):
-    """8 steps at once, or 4 and a resume to 8 in a new process: the same losses, bitwise (with dropout)."""
+    """8 steps at once, or 4 and a resume to 8 in a new process: the same losses, bitwise (with
+    dropout)."""
     common = [TRAIN, f"--data_dir={data_root}", "--dataset=toy", "--eval_interval=4",
               "--gradient_accumulation_steps=2", "--dropout=0.1", "--lr_decay_iters=8"] + TINY
     run_here(common + ["--max_iters=8", "--out_dir=full"], tmp_path)
     run_here(common + ["--max_iters=4", "--out_dir=part"], tmp_path)
     ck = torch.load(tmp_path / "part" / "ckpt.pt", weights_only=True)
     assert ck["iter_num"] == 4 and ck["config"]["dropout"] == 0.1 and "optimizer" in ck
-    assert sorted(os.listdir(tmp_path / "part")) == ["ckpt.pt", "metrics.jsonl"]  # no .tmp, no lock left
+    # no .tmp, no lock left
+    assert sorted(os.listdir(tmp_path / "part")) == ["ckpt.pt", "metrics.jsonl"]
     run(common + ["--max_iters=8", "--out_dir=part", "--init_from=resume"], tmp_path)
     full, part = losses(tmp_path / "full"), losses(tmp_path / "part")
-    assert full == part and sorted(full) == list(range(8)) and full[7] < full[0] - 0.3  # bitwise; it learns
-    before = (tmp_path / "full" / "ckpt.pt").read_bytes()  # a finished run's resume: one more eval, no step
+    # bitwise; it learns
+    assert full == part and sorted(full) == list(range(8)) and full[7] < full[0] - 0.3
+    # a finished run's resume: one more eval, no step
+    before = (tmp_path / "full" / "ckpt.pt").read_bytes()
     run_here(common + ["--max_iters=8", "--out_dir=full", "--init_from=resume"], tmp_path)
-    assert losses(tmp_path / "full") == full and (tmp_path / "full" / "ckpt.pt").read_bytes() == before
+    assert (losses(tmp_path / "full") == full
+            and (tmp_path / "full" / "ckpt.pt").read_bytes() == before)
 
 
 def test_rows_loss_mask_and_full_eval(data_root, tmp_path):
-    """Only masked targets count: a model learns the copy task. The full eval scores every row once, and a
-    resume takes dataset and data_dir from its checkpoint (the README's command names neither)."""
+    """Only masked targets count: a model learns the copy task. The full eval scores every row once,
+    and a resume takes dataset and data_dir from its checkpoint (the README's command names
+    neither)."""
+    # (later keys override TINY's)
     run_here([TRAIN, f"--data_dir={data_root}", "--dataset=rows", "--out_dir=o"] + TINY + [
         "--max_iters=150", "--eval_interval=150", "--eval_iters=4", "--batch_size=32",
-        "--gradient_accumulation_steps=1", "--lr_decay_iters=150"], tmp_path)  # (later keys override TINY's)
+        "--gradient_accumulation_steps=1", "--lr_decay_iters=150"], tmp_path)
     ev = [r["eval"] for r in records(tmp_path / "o", "eval")]  # one scored token per row:
-    assert ev[0]["val"]["tokens"] == 4 * 32 and ev[-1]["val"]["acc"] > 0.9 and ev[0]["val"]["acc"] < 0.3
+    assert (ev[0]["val"]["tokens"] == 4 * 32 and ev[-1]["val"]["acc"] > 0.9
+            and ev[0]["val"]["acc"] < 0.3)
     log = (tmp_path / "o" / "metrics.jsonl").read_bytes()
     run_here([TRAIN, "--out_dir=o", "--init_from=resume", "--eval_only=True", "--eval_full=True",
               "--eval_splits=val"], tmp_path)
@@ -84,16 +94,19 @@ def test_rows_loss_mask_and_full_eval(data_root, tmp_path):
 
 
 def test_train_mask_false_trains_on_every_token(data_root, tmp_path):
-    """The logged iteration-0 loss, with train_mask True and False, against a float64 cross-entropy of the
-    same initial model on the same batch; the eval scores the masked targets either way."""
+    """The logged iteration-0 loss, with train_mask True and False, against a float64 cross-entropy
+    of the same initial model on the same batch; the eval scores the masked targets either way."""
     data, rng = train.Data(str(data_root / "rows"), 32, ["train", "val"]), np.random.default_rng(7)
     while True:  # a seed whose batch tells the two losses apart
         seed = int(rng.integers(1 << 30))
         torch.manual_seed(seed)
-        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=20)).double().eval()
-        x, y, m = data.get_batch("train", data.starts("train", 4, train.make_gen(seed, 0, 0)), "cpu")
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32,
+                              vocab_size=20)).double().eval()
+        x, y, m = data.get_batch("train", data.starts("train", 4, train.make_gen(seed, 0, 0)),
+                                 "cpu")
         with torch.no_grad():
-            nll = F.cross_entropy(model(x, y)[0].double().flatten(0, 1), y.flatten(), reduction="none")
+            nll = F.cross_entropy(model(x, y)[0].double().flatten(0, 1), y.flatten(),
+                                  reduction="none")
         nll = nll.view_as(y)
         want = {True: float((nll * m).sum() / m.sum()), False: float(nll.mean())}
         if abs(want[True] - want[False]) > 1e-3:
@@ -109,8 +122,8 @@ def test_train_mask_false_trains_on_every_token(data_root, tmp_path):
 
 
 def test_ddp_matches_single_process(data_root, tmp_path):
-    """torchrun with 2 gloo ranks draws one process's global batch; its resume goes on with the same losses,
-    and only rank 0 writes."""
+    """torchrun with 2 gloo ranks draws one process's global batch; its resume goes on with the same
+    losses, and only rank 0 writes."""
     common = [f"--data_dir={data_root}", "--dataset=toy", "--eval_interval=3", "--max_iters=6",
               "--gradient_accumulation_steps=4", "--lr_decay_iters=6"] + TINY
     ddp = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", TRAIN]
@@ -127,14 +140,17 @@ def test_ddp_matches_single_process(data_root, tmp_path):
 
 
 def test_train_step_against_float64_formulas(data_root):
-    """Two train_steps of a float64 model against a float64 recomputation: the loss averaged over accum
-    micro-batches, the gradient clipped to total norm clip, AdamW (bias-corrected moments, decoupled weight
-    decay on the 2-D weights but PoPE's delta) and delta projected into [-2pi, 0]."""
+    """Two train_steps of a float64 model against a float64 recomputation: the loss averaged over
+    accum micro-batches, the gradient clipped to total norm clip, AdamW (bias-corrected moments,
+    decoupled weight decay on the 2-D weights but PoPE's delta) and delta projected into
+    [-2pi, 0]."""
     seed = 1234
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=11, vocab_size=20, attn_impl="torch",
-                          pope_delta_init="uniform", pope_delta_bound="project")).double()
-    with torch.no_grad():  # half of delta above 0, half below -2pi: a step leaves them out, to be projected
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=11, vocab_size=20,
+                          attn_impl="torch", pope_delta_init="uniform",
+                          pope_delta_bound="project")).double()
+    # half of delta above 0, half below -2pi: a step leaves them out, to be projected
+    with torch.no_grad():
         model.transformer.h[0].attn.delta[:, 0::2] = 1.0
         model.transformer.h[0].attn.delta[:, 1::2] = -7.0
     ref = copy.deepcopy(model)
@@ -142,7 +158,8 @@ def test_train_step_against_float64_formulas(data_root):
     opt = model.configure_optimizers(wd, lr, (b1, b2), "cpu")
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     data = train.Data(str(data_root / "rows"), 11, ["train"])
-    batches = [[data.get_batch("train", data.starts("train", 4, train.make_gen(seed, it, micro)), "cpu")
+    batches = [[data.get_batch("train", data.starts("train", 4, train.make_gen(seed, it, micro)),
+                               "cpu")
                 for micro in range(accum)] for it in range(2)]
     got = [train.train_step(model, model, opt, scaler, nullcontext(), accum, clip,
                             lambda mi: batches[it][mi]).item() for it in range(2)]
@@ -162,14 +179,16 @@ def test_train_step_against_float64_formulas(data_root):
                 m2.mul_(b2).add_((1 - b2) * g * g)
                 if p.dim() >= 2 and not n.endswith("attn.delta"):
                     p.mul_(1 - lr * wd)
-                p.sub_(lr * (m1 / (1 - b1 ** (it + 1))) / ((m2 / (1 - b2 ** (it + 1))).sqrt() + eps))
+                p.sub_(lr * (m1 / (1 - b1 ** (it + 1)))
+                       / ((m2 / (1 - b2 ** (it + 1))).sqrt() + eps))
                 if n.endswith("attn.delta"):
                     clamped += int(((p < -2 * math.pi) | (p > 0)).sum())
                     p.clamp_(-2 * math.pi, 0.0)
     assert clamped > 0 and norm > clip  # the projection and the clipping both acted
     assert got == pytest.approx(want, rel=1e-12)
     for n, p in model.named_parameters():
-        assert torch.allclose(p, params[n], rtol=1e-5, atol=1e-7), (n, (p - params[n]).abs().max().item())
+        assert torch.allclose(p, params[n], rtol=1e-5, atol=1e-7), (
+            n, (p - params[n]).abs().max().item())
 
 
 # -----------------------------------------------------------------------------
@@ -182,7 +201,8 @@ def args(data_root, *extra):
 def refused(p, *names):
     """Exit status 1, one line on stderr, no traceback, every name in it."""
     err = p.stderr.strip()
-    assert p.returncode == 1 and "Traceback" not in err and len(err.splitlines()) == 1, (p.returncode, err)
+    assert (p.returncode == 1 and "Traceback" not in err
+            and len(err.splitlines()) == 1), (p.returncode, err)
     assert all(n in err for n in names), (names, err)
 
 
@@ -217,9 +237,12 @@ REFUSALS = {  # family: (settings, a name the one line must hold)
     "nonsense number": (["--batch_size=0"], "batch_size"),
     "model rule": (["--n_head=5"], "n_head"),
     "cuda_graph without CUDA": (["--cuda_graph=True"], "cuda_graph"),
-    "missing data, its prepare command": (["--dataset=indirect_indexing_quick"], "indirect_indexing.py"),
-    "a split shorter than block_size + 1": (["--block_size=3000"], "val.bin"),  # (toy's val: 3,000 tokens)
-    "a split the dataset has none of": (["--dataset=rows", "--eval_splits=val,test"], "eval_splits"),
+    "missing data, its prepare command": (["--dataset=indirect_indexing_quick"],
+                                          "indirect_indexing.py"),
+    # (toy's val: 3,000 tokens)
+    "a split shorter than block_size + 1": (["--block_size=3000"], "val.bin"),
+    "a split the dataset has none of": (["--dataset=rows", "--eval_splits=val,test"],
+                                        "eval_splits"),
     "no such checkpoint": (["--init_from=nothing.pt"], "nothing.pt"),
     "nothing to resume": (["--init_from=resume"], "ckpt.pt"),
 }
@@ -325,14 +348,20 @@ def test_rank_without_torchrun_is_refused(data_root, tmp_path, monkeypatch, env)
 
 
 def test_checkpoints_are_never_lost(data_root, tmp_path):
-    """A new run never replaces a checkpoint unless asked; a diverging run never saves; a resume or a fine-tune
-    that names another model is refused; --overwrite=True starts afresh, leaving nothing of the old run."""
+    """A new run never replaces a checkpoint unless asked; a diverging run never saves; a resume or
+    a fine-tune that names another model is refused; --overwrite=True starts afresh, leaving nothing
+    of the old run."""
     def run(*extra):
-        return run_here(args(data_root, "--out_dir=o", "--eval_interval=2", *extra), tmp_path, check=False)
+        return run_here(args(data_root, "--out_dir=o", "--eval_interval=2", *extra), tmp_path,
+                        check=False)
     assert run("--max_iters=4").returncode == 0
     good = (tmp_path / "o" / "ckpt.pt").read_bytes()
-    for extra, name in ((["--max_iters=1"], "ckpt.pt"), (["--init_from=resume", "--n_embd=64"], "n_embd"),
-                        (["--init_from=resume", "--max_iters=8", "--learning_rate=1e30", "--min_lr=1"], "")):
+    cases = (
+        (["--max_iters=1"], "ckpt.pt"),
+        (["--init_from=resume", "--n_embd=64"], "n_embd"),
+        (["--init_from=resume", "--max_iters=8", "--learning_rate=1e30", "--min_lr=1"], ""),
+    )
+    for extra, name in cases:
         refused(run(*extra), name)
         assert (tmp_path / "o" / "ckpt.pt").read_bytes() == good, extra
     refused(run("--out_dir=ft", "--init_from=o/ckpt.pt", "--n_layer=3", "--max_iters=1"), "n_layer")
@@ -341,21 +370,23 @@ def test_checkpoints_are_never_lost(data_root, tmp_path):
     assert run("--max_iters=2", "--overwrite=True").returncode == 0
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iter_num"] == 2
     assert sorted(losses(tmp_path / "o")) == [0, 1] and not (tmp_path / "o" / "eval.json").exists()
-    assert run("--max_iters=0", "--overwrite=True").returncode == 0  # no step, so no checkpoint of its own
+    # no step, so no checkpoint of its own
+    assert run("--max_iters=0", "--overwrite=True").returncode == 0
     assert sorted(os.listdir(tmp_path / "o")) == ["metrics.jsonl"]
 
 
 def test_a_second_run_on_a_live_out_dir_is_refused(data_root, tmp_path):
-    """While a run trains in o, a new run, one with --overwrite=True and a resume are refused; the live run's
-    log and checkpoint stay its own; once it is gone, o resumes, and a normal exit removes the lock."""
+    """While a run trains in o, a new run, one with --overwrite=True and a resume are refused; the
+    live run's log and checkpoint stay its own; once it is gone, o resumes, and a normal exit
+    removes the lock."""
     out = tmp_path / "o"
-    first = start(args(data_root, "--out_dir=o", "--max_iters=1000000", "--eval_interval=3", "--seed=1"),
-                  tmp_path)
+    first = start(args(data_root, "--out_dir=o", "--max_iters=1000000", "--eval_interval=3",
+                       "--seed=1"), tmp_path)
     try:
         wait_until(lambda: (out / "ckpt.pt").exists() and logged_iter(out) >= 4, first)
         for extra in ([], ["--overwrite=True"], ["--init_from=resume"]):
-            refused(run_here(args(data_root, "--out_dir=o", "--max_iters=5", "--seed=2", *extra), tmp_path,
-                             check=False), os.path.join("o", ".lock"))
+            refused(run_here(args(data_root, "--out_dir=o", "--max_iters=5", "--seed=2", *extra),
+                             tmp_path, check=False), os.path.join("o", ".lock"))
         assert first.poll() is None
     finally:
         first.kill()
@@ -364,21 +395,22 @@ def test_a_second_run_on_a_live_out_dir_is_refused(data_root, tmp_path):
     assert its == list(range(len(its))) and len(its) >= 5  # one run's log
     ck = torch.load(out / "ckpt.pt", weights_only=True)
     assert ck["config"]["seed"] == 1 and ck["iter_num"] % 3 == 0
-    p = start(args(data_root, "--out_dir=o", "--init_from=resume", f"--max_iters={ck['iter_num'] + 1}"),
-              tmp_path)
+    p = start(args(data_root, "--out_dir=o", "--init_from=resume",
+                   f"--max_iters={ck['iter_num'] + 1}"), tmp_path)
     assert p.wait(600) == 0 and sorted(os.listdir(out)) == ["ckpt.pt", "metrics.jsonl"]
 
 
 def test_data_swapped_under_a_run_and_before_a_resume(data_root, tmp_path):
-    """A prepare run swaps new data (rows of 23 tokens) into the folder a run trains on: the run goes on with
-    its data (its losses equal those of a run on an untouched copy, bitwise); a resume on the new data is
-    refused, naming the files, unless --data_changed_ok=True, which holds for that resume only."""
+    """A prepare run swaps new data (rows of 23 tokens) into the folder a run trains on: the run
+    goes on with its data (its losses equal those of a run on an untouched copy, bitwise); a resume
+    on the new data is refused, naming the files, unless --data_changed_ok=True, which holds for
+    that resume only."""
     from prepare.common import staged_dataset
     for d in ("data", "ref"):
         shutil.copytree(data_root / "rows", tmp_path / d / "rows")
     common = [TRAIN, "--dataset=rows", "--eval_interval=5", "--seed=5"] + TINY
-    live = start(common + [f"--data_dir={tmp_path / 'data'}", "--out_dir=live", "--max_iters=1000000"],
-                 tmp_path)
+    live = start(common + [f"--data_dir={tmp_path / 'data'}", "--out_dir=live",
+                           "--max_iters=1000000"], tmp_path)
     try:
         wait_until(lambda: logged_iter(tmp_path / "live") >= 3, live)
         with staged_dataset(tmp_path / "data" / "rows") as stage:  # what prepare/*.py does
@@ -389,8 +421,8 @@ def test_data_swapped_under_a_run_and_before_a_resume(data_root, tmp_path):
         live.kill()
         live.communicate()
     got = losses(tmp_path / "live")
-    run_here(common + [f"--data_dir={tmp_path / 'ref'}", "--out_dir=ref", f"--max_iters={max(got) + 1}"],
-             tmp_path)
+    run_here(common + [f"--data_dir={tmp_path / 'ref'}", "--out_dir=ref",
+                       f"--max_iters={max(got) + 1}"], tmp_path)
     want = losses(tmp_path / "ref")
     assert all(got[i] == want[i] for i in got), (swapped_at, got, want)
     ck = torch.load(tmp_path / "live" / "ckpt.pt", weights_only=True)
@@ -404,7 +436,8 @@ def test_data_swapped_under_a_run_and_before_a_resume(data_root, tmp_path):
     assert ck["data"]["bytes"]["train.bin"] == 2000 * 23 * 2 and ck["meta"]["row_len"] == 23
     with staged_dataset(tmp_path / "data" / "rows") as stage:
         write_rows(stage, 23, seed=3, prepare="regenerated with another seed")
-    refused(run_here(resume + [f"--max_iters={ck['iter_num'] + 2}"], tmp_path, check=False), "meta.json")
+    refused(run_here(resume + [f"--max_iters={ck['iter_num'] + 2}"], tmp_path, check=False),
+            "meta.json")
 
 
 def test_a_split_rewritten_in_place_before_a_resume_is_refused(data_root, tmp_path):
@@ -427,23 +460,27 @@ def test_a_split_rewritten_in_place_before_a_resume_is_refused(data_root, tmp_pa
 
 
 def test_damaged_and_foreign_checkpoints_are_refused(data_root, tmp_path, damage):
-    """Resume and fine-tune read through model.read_checkpoint (tests/test_checkpoint.py: every bad kind): a
-    refusal names the file and changes nothing; so does a fine-tune on data of another vocabulary."""
+    """Resume and fine-tune read through model.read_checkpoint (tests/test_checkpoint.py: every bad
+    kind): a refusal names the file and changes nothing; so does a fine-tune on data of another
+    vocabulary."""
     run_here(args(data_root, "--out_dir=o", "--max_iters=2", "--eval_interval=2"), tmp_path)
     good = (tmp_path / "o" / "ckpt.pt").read_bytes()
     ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
-    torch.save({**ck, "config": {**ck["config"], "odd": fractions.Fraction(1, 3)}}, tmp_path / "pk.pt")
+    torch.save({**ck, "config": {**ck["config"], "odd": fractions.Fraction(1, 3)}},
+               tmp_path / "pk.pt")
     shutil.copy(tmp_path / "o" / "ckpt.pt", tmp_path / "bad.pt")
     damage(tmp_path / "bad.pt")
     for source, extra in (("bad.pt", []), ("pk.pt", []), ("o/ckpt.pt", ["--dataset=wide"])):
-        p = run_here(args(data_root, "--out_dir=ft", f"--init_from={source}", *extra), tmp_path, check=False)
+        p = run_here(args(data_root, "--out_dir=ft", f"--init_from={source}", *extra), tmp_path,
+                     check=False)
         refused(p, source if not extra else "vocab_size")
         assert empty(tmp_path / "ft") and (tmp_path / "o" / "ckpt.pt").read_bytes() == good
     for key in ("optimizer", "meta"):  # (a fine-tune needs neither; a resume needs both)
         torch.save({k: v for k, v in ck.items() if k != key}, tmp_path / f"no-{key}.pt")
     for source in ("bad.pt", "pk.pt", "no-optimizer.pt", "no-meta.pt"):
         shutil.copy(tmp_path / source, tmp_path / "o" / "ckpt.pt")
-        refused(run_here(args(data_root, "--out_dir=o", "--init_from=resume"), tmp_path, False), "ckpt.pt")
+        refused(run_here(args(data_root, "--out_dir=o", "--init_from=resume"), tmp_path, False),
+                "ckpt.pt")
         assert (tmp_path / "o" / "ckpt.pt").read_bytes() == (tmp_path / source).read_bytes()
 
 

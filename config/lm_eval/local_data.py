@@ -28,13 +28,15 @@ def _jsonl(path):
 
 
 def _dd(split, rows, limit=None):
-    return datasets.DatasetDict({split: datasets.Dataset.from_list(rows[:limit] if limit else rows)})
+    data = datasets.Dataset.from_list(rows[:limit] if limit else rows)
+    return datasets.DatasetDict({split: data})
 
 
 def lambada(data_dir=None, limit=None, **_):
     """llm-foundry rows {context, continuation} -> EleutherAI/lambada_openai {text}."""
     rows = _jsonl(_path(data_dir, "lambada_openai.jsonl"))
-    return _dd("test", [r if "text" in r else {"text": r["context"] + " " + r["continuation"]} for r in rows], limit)
+    rows = [r if "text" in r else {"text": r["context"] + " " + r["continuation"]} for r in rows]
+    return _dd("test", rows, limit)
 
 
 def blimp(data_dir=None, paradigm=None, limit=None, **_):
@@ -46,7 +48,8 @@ def piqa(data_dir=None, limit=None, **_):
     """llm-foundry {query: "Question: <goal>\\n", choices, gold} -> {goal, sol1, sol2, label}."""
     rows = _jsonl(_path(data_dir, "piqa.jsonl"))
     return _dd("validation", [{"goal": r["query"].removeprefix("Question: ").removesuffix("\n"),
-                               "sol1": r["choices"][0], "sol2": r["choices"][1], "label": int(r["gold"])}
+                               "sol1": r["choices"][0], "sol2": r["choices"][1],
+                               "label": int(r["gold"])}
                               for r in rows], limit)
 
 
@@ -57,7 +60,8 @@ def arc(data_dir=None, file="arc_easy.jsonl", limit=None, **_):
     for i, r in enumerate(_jsonl(_path(data_dir, file))):
         labels = [chr(65 + j) for j in range(len(r["choices"]))]
         out.append({"id": str(i), "question": r["query"].removeprefix("Question: "),
-                    "choices": {"text": list(r["choices"]), "label": labels}, "answerKey": labels[int(r["gold"])]})
+                    "choices": {"text": list(r["choices"]), "label": labels},
+                    "answerKey": labels[int(r["gold"])]})
     return _dd("test", out, limit)
 
 
@@ -80,8 +84,9 @@ def hellaswag_rows(path):
         label, _, ctx = lines[i].partition(": ")
         m = re.match(r"(.*[.!?][\"')]*) ([^A-Z][^.!?]*)$", ctx)
         ctx_a, ctx_b = (m.group(1), m.group(2)) if m else (ctx, "")
-        rows.append({"ind": i // 6, "activity_label": label, "ctx_a": ctx_a, "ctx_b": ctx_b, "ctx": ctx,
-                     "endings": lines[i + 2:i + 6], "label": lines[i + 1].strip(), "split": "val"})
+        rows.append({"ind": i // 6, "activity_label": label, "ctx_a": ctx_a, "ctx_b": ctx_b,
+                     "ctx": ctx, "endings": lines[i + 2:i + 6], "label": lines[i + 1].strip(),
+                     "split": "val"})
     return rows
 
 
