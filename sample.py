@@ -34,6 +34,7 @@ from prepare.common import (  # noqa: E402
     die,
     format_module,
     model_vocab,
+    physical_memory,
     resolve_device,
     save_sample,
 )
@@ -53,13 +54,6 @@ def pick_device(name):
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device
-
-
-def host_memory():
-    """The host's RAM in bytes (inf without sysconf: Windows)."""
-    if not hasattr(os, "sysconf"):
-        return math.inf
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def main(argv=None):
@@ -137,7 +131,8 @@ def main(argv=None):
               f"keeping its last {context} (--context=N holds more)", file=sys.stderr)
         ids = ids[-context:]
     cache = 2 * cfg.n_layer * args.num_samples * context * cfg.n_embd * 2  # k and v, >= 2 bytes
-    if not cuda and cache > host_memory():  # CUDA fails at once; an overcommitting host is killed
+    ram = physical_memory()
+    if not cuda and ram and cache > ram:  # (CUDA's allocator refuses at once)
         die(f"a KV cache of {args.num_samples} samples x {context} positions needs at least "
             f"{cache / 2**30:,.1f} GiB, more than the host's RAM: lower --num_samples or --context")
     torch.manual_seed(args.seed)

@@ -80,6 +80,15 @@ def resolve_device(name):
     return "cuda" if "cuda" in devices() else "cpu"
 
 
+def physical_memory():
+    """This machine's RAM in bytes, or None where the system does not say. Scripts compare what they
+    would allocate with it first: a host that overcommits grants more and is then OOM-killed."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # (no sysconf: Windows)
+        return None
+
+
 DEVICE_RULE = (lambda v, c: v == "auto" or v in devices(), "auto, cpu, or cuda[:N] of a GPU here")
 KERNEL_RULE = (lambda v, c: v != "triton" or resolve_device(c["device"]).startswith("cuda")
                or os.environ.get("TRITON_INTERPRET") == "1",

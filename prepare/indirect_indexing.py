@@ -47,7 +47,6 @@ letter and shift before the string: `N, +4, NZTUIGWkXFrhCJDzscat, I`.
 """
 
 import argparse
-import os
 import re
 import sys
 from pathlib import Path
@@ -252,14 +251,6 @@ def rebuild_command(args):
                                defaults={"out_dir": str(common.REPO_ROOT / "data" / name)})
 
 
-def _physical_memory():
-    """This machine's RAM in bytes, or None where the system does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def main(argv=None):
     args = build_parser().parse_args(argv)
     command = rebuild_command(args)
@@ -283,7 +274,7 @@ def main(argv=None):
     itos = vocabulary(args.shift_format, args.max_shift)
     # a split is built in memory: uint8 rows and mask, then the uint16 copy (~4 bytes a token)
     split, n = max(sizes.items(), key=lambda kv: kv[1])
-    need, have = 4 * n * row_len, _physical_memory()
+    need, have = 4 * n * row_len, common.physical_memory()
     if have and need > have:
         raise common.PrepareError(
             f"--n_{split} {n:,}: the {split} split is built in memory and needs about "

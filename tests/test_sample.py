@@ -71,7 +71,7 @@ def test_a_kv_cache_larger_than_the_hosts_memory_is_refused(tmp_path, monkeypatc
                                                               memory, refused):
     """The check compares the cache with the host's RAM, not with what malloc grants."""
     ck = save(tmp_path / "m.pt", len(ITOS), {"vocab_size": len(ITOS), "itos": ITOS})
-    monkeypatch.setattr(sample, "host_memory", lambda: memory)
+    monkeypatch.setattr(sample, "physical_memory", lambda: memory)
     argv = [f"--ckpt={ck}", *CPU, "--num_samples=8", "--context=4096", "--max_new_tokens=2"]
     if refused:
         assert "--num_samples" in script_error(sample.main, argv)
