@@ -274,7 +274,8 @@ def main(argv=None):
     itos = vocabulary(args.shift_format, args.max_shift)
     # a split is built in memory: uint8 rows and mask, then the uint16 copy (~4 bytes a token)
     split, n = max(sizes.items(), key=lambda kv: kv[1])
-    need, have = 4 * n * row_len, common.physical_memory()
+    need = 4 * n * row_len
+    have = common.physical_memory()
     if have and need > have:
         raise common.PrepareError(
             f"--n_{split} {n:,}: the {split} split is built in memory and needs about "

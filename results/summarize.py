@@ -93,13 +93,9 @@ def mean_std(xs, nd):  # a single value without the ± (no sample std)
     std = f" ± {np.std(xs, ddof=1):,.{nd}f}" if len(xs) > 1 else ""
     return f"{np.mean(xs):,.{nd}f}{std}"
 
-def env_fields(f):
-    """The fields of a provenance file results/setup.sh wrote."""
-    return dict(line.split(": ", 1) for line in raw(f).splitlines() if ": " in line)
-
 def t_env(folder):
     """Each provenance file results/setup.sh wrote under folder."""
-    envs = {f: env_fields(f)
+    envs = {f: dict(line.split(": ", 1) for line in raw(f).splitlines() if ": " in line)
             for f in sorted(glob.glob(f"{folder}/**/*env*.txt", root_dir=R, recursive=True))}
     rows = [[f"`{f}`", *(e.get(k) for k in ("commit", "dirty", "date", "gpus", "mps")),
              f"`{e['command'].strip()}`"] for f, e in envs.items()]
@@ -412,12 +408,10 @@ TABLES.update(
     claims=lambda: table(["claim", "paper", "ours", "verdict", "where"], [c[:5] for c in claims()]),
     ii_seeds=lambda: t_ii_seeds(True), ii_seeds_all=lambda: t_ii_seeds(False),
     ii_paired=lambda: t_ii_paired(True), ii_paired_all=lambda: t_ii_paired(False),
-    sample_time=lambda: table(["sample.py of", "caches", *CALL_HEAD, "MPS"],
-                              [(*c, env_fields(f"sample/time-to-sample/env-{c[0]}.txt")["mps"])
-                               for c in calls("sampletime")]),
+    sample_time=lambda: table(["sample.py of", "caches", *CALL_HEAD], calls("sampletime")),
     sample_decode=lambda: table(["decoding", "new tokens", *CALL_HEAD], calls("sampledecode")),
     env_ii=lambda: t_env(II), env_tasks=lambda: t_env("tasks"),
-    env_gpu_tests=lambda: t_env("gpu_tests"),
+    env_gpu_tests=lambda: t_env("gpu_tests"), env_sample=lambda: t_env("sample"),
     freq_ii=lambda: t_freq(False), freq_lm=lambda: t_freq(True))
 VERDICTS = {"rule": lambda: RULE, "delta": v_delta,
             "readme": lambda: "\n".join(f"- {c[0]} ({c[4]}): **{c[3]}**." for c in claims()),
