@@ -415,6 +415,9 @@ TABLES.update(
     sample_decode=lambda: table(["decoding", "new tokens", *CALL_HEAD], calls("sampledecode")),
     env_ii=lambda: t_env(II), env_tasks=lambda: t_env("tasks"),
     env_gpu_tests=lambda: t_env("gpu_tests"), env_sample=lambda: t_env("sample"),
+    pytest_gpu_tests=lambda: table(["log (results/)", "pytest's last line"], [
+        [f"`{f}`", raw(f).strip().splitlines()[-1]]
+        for f in sorted(glob.glob("gpu_tests/**/*.log", root_dir=R, recursive=True))]),
     freq_ii=lambda: t_freq(False), freq_lm=lambda: t_freq(True))
 VERDICTS = {"rule": lambda: RULE, "delta": v_delta,
             "readme": lambda: "\n".join(f"- {c[0]} ({c[4]}): **{c[3]}**." for c in claims()),
