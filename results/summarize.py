@@ -137,6 +137,9 @@ def ii_runs():
 def targets():  # the arms with the loss on the target letter (the paper's objective)
     return [a for a in ii_runs() if a[0].startswith("target")]
 
+def compared():  # the target arms with runs of both PoPE and RoPE: those the claims compare
+    return [a for a in targets() if arm(a, "pope") and arm(a, "rope")]
+
 def arm_name(a):
     return ARMS.get(a[0], a[0]) + ("" if a[1] == FULL else f", {a[1] // 1000}k steps")
 
@@ -174,7 +177,7 @@ def fisher(a):
 
 def t_ii_endpoints():
     rows = []
-    for a in targets():
+    for a in compared():
         lifted = [arm(a, p, lambda run: lift(run, SOLVED) is not None) for p in ("pope", "rope")]
         rows.append([arm_name(a)] + ["{} of {}".format(*solved(a, p)) for p in ("pope", "rope")]
                     + [f"{fisher(a):.2g}"] + [f"{sum(x.values())} of {len(x)}" for x in lifted]
@@ -358,7 +361,7 @@ def ii_claim(a):
 @functools.cache
 def claims():
     """(claim, paper, ours, verdict, where, the section's sentence) per claim."""
-    out = [ii_claim(a) for a in targets()]
+    out = [ii_claim(a) for a in compared()]
     for name, r, gap, subs in task_rows():
         ours = f"PoPE − RoPE {says(r, 4)}"
         more = "".join(f"; {n}: {says(s, 4)}" for n, s in subs)
@@ -412,6 +415,9 @@ TABLES.update(
     sample_decode=lambda: table(["decoding", "new tokens", *CALL_HEAD], calls("sampledecode")),
     env_ii=lambda: t_env(II), env_tasks=lambda: t_env("tasks"),
     env_gpu_tests=lambda: t_env("gpu_tests"), env_sample=lambda: t_env("sample"),
+    pytest_gpu_tests=lambda: table(["log (results/)", "pytest's last line"], [
+        [f"`{f}`", raw(f).strip().splitlines()[-1]]
+        for f in sorted(glob.glob("gpu_tests/**/*.log", root_dir=R, recursive=True))]),
     freq_ii=lambda: t_freq(False), freq_lm=lambda: t_freq(True))
 VERDICTS = {"rule": lambda: RULE, "delta": v_delta,
             "readme": lambda: "\n".join(f"- {c[0]} ({c[4]}): **{c[3]}**." for c in claims()),
