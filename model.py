@@ -221,6 +221,11 @@ class KVCache:
             self.delta = torch.stack([pope_delta(a.delta, a.delta_bound) for a in attns]).to(phases)
             self.turn = [dict(turn, theta=self.theta, delta=d) for d in self.delta]
 
+    @staticmethod
+    def nbytes(cfg, B, context, itemsize):
+        """The bytes of __init__'s k and v."""
+        return 2 * cfg.n_layer * B * context * cfg.n_embd * itemsize
+
     def start(self, T):
         """Before the layers: positions, mask, RoPE's rotation."""
         if T == 1:

@@ -23,7 +23,7 @@ from functools import partial  # noqa: E402
 
 import torch  # noqa: E402
 
-from model import CheckpointError, load_checkpoint  # noqa: E402
+from model import CheckpointError, KVCache, load_checkpoint  # noqa: E402
 from prepare.common import (  # noqa: E402
     AT_LEAST_1,
     DEVICE_RULE,
@@ -130,7 +130,7 @@ def main(argv=None):
         print(f"note: the prompt has {len(ids)} tokens, more than the context of {context}: "
               f"keeping its last {context} (--context=N holds more)", file=sys.stderr)
         ids = ids[-context:]
-    cache = 2 * cfg.n_layer * args.num_samples * context * cfg.n_embd * 2  # k and v, >= 2 bytes
+    cache = KVCache.nbytes(cfg, args.num_samples, context, 2)  # (2 bytes at the least)
     ram = physical_memory()
     if not cuda and ram and cache > ram:  # (CUDA's allocator refuses at once)
         die(f"a KV cache of {args.num_samples} samples x {context} positions needs at least "

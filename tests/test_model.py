@@ -186,6 +186,15 @@ def test_which_attention_runs_on_the_cpu():
 
 
 @pytest.mark.parametrize("pos_emb", ["pope", "rope"])
+def test_kv_cache_nbytes_is_what_it_allocates(pos_emb):
+    """sample.py's RAM check counts the cache with KVCache.nbytes: it must match the tensors."""
+    model = tiny(pos_emb, n_layer=3)
+    cache = KVCache(model, 2, 12, torch.bfloat16)
+    allocated = sum(t.numel() * t.element_size() for t in [*cache.k, *cache.v])
+    assert KVCache.nbytes(model.config, 2, 12, 2) == allocated
+
+
+@pytest.mark.parametrize("pos_emb", ["pope", "rope"])
 @pytest.mark.parametrize("size,n_layer,n_head,n_embd", [(124, 12, 12, 768), (253, 16, 16, 1024),
                                                        (774, 36, 20, 1280)])
 def test_the_papers_openwebtext_sizes(size, n_layer, n_head, n_embd, pos_emb):
