@@ -11,7 +11,8 @@
 #          data/code, else built here from the pinned wheels in WHEELS (python prepare/code.py
 #          --wheels; without network every wheel must be there: carry the folder) and tiktoken's
 #          gpt2 files (offline: TIKTOKEN_CACHE_DIR naming a copy of its cache).
-# Time:    a run's step and wall time: results/code/first-call-h200/ (one H200; the evals untimed).
+# Time:    a run's step and wall time: results/code/first-call-h200/ (one H200); the evals':
+#          results/code/evaltime-h100/ (one H100).
 # Outputs: results/code/
 #          prepare.log, data-meta.json        the corpus build and its meta.json (packages, sha256,
 #                                             tokens per package and split)
