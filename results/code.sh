@@ -83,6 +83,5 @@ done
 
 # 3. which positional frequencies the models use
 [ -f $OUT/frequencies.json ] || CUDA_VISIBLE_DEVICES=${GPU[0]} python eval_frequencies.py \
-    --data data/code/test.bin --ckpt "${CKPTS[@]}" --labels $(IFS=,; echo "${LABELS[*]}") \
-    --no_progress --json $OUT/frequencies.json --plot $OUT/frequencies.png 2>&1 \
-    | tee $OUT/frequencies.log
+    --data data/code/test.bin --ckpt "${CKPTS[@]}" --no_progress --json $OUT/frequencies.json \
+    --plot $OUT/frequencies.png 2>&1 | tee $OUT/frequencies.log  # labels: the runs' folders
