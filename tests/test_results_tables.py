@@ -105,7 +105,7 @@ EDITS = [("RESULTS.md", "+20.5 points", "+25.5 points"), ("RESULTS.md", "t p 0.0
          ("RESULTS.md", "| 1342 | 97.42% (66k)", "| 1342 | 97.43% (66k)"),
          ("RESULTS.md", "final accuracy largely",
           "PoPE leads on 10 of 11 seed pairs; the final accuracy"),
-         ("RESULTS.md", "the kernel is not the cause.", "the kernel is not the cause (p 0.03)."),
+         ("RESULTS.md", "follows the kernel's course.", "follows the kernel's course (p 0.03)."),
          ("README.md", "**too few seeds for a test**", "**not significant**"),
          ("README.md", "(§3): **reproduced**", "(§3): **reproduced**, RoPE's blows up"),
          ("README.md", "the raw files:", "the raw files (PoPE ahead by 20.5 points):")]
