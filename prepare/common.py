@@ -507,6 +507,7 @@ def check_dataset(data_dir, splits=("train", "val"), scan=True):
     dtype = np.dtype(name) if name in ("uint8", "uint16", "uint32", "uint64") else None
     if dtype is None or V - 1 > np.iinfo(dtype).max:
         fail(mp, f"dtype is {name!r}, expected an unsigned integer type holding the ids 0..{V - 1}")
+    masked = "mask" in meta or "scored_tokens" in meta  # (indirect_indexing's, jsb's)
     for split in splits:
         path, mpath = d / f"{split}.bin", d / f"{split}_mask.bin"
         n, rest = divmod(path.stat().st_size if path.is_file() else 0, dtype.itemsize)
@@ -522,6 +523,8 @@ def check_dataset(data_dir, splits=("train", "val"), scan=True):
                        "(from different runs?)")
         if n % (meta.get("row_len") or 1):
             fail(path, f"holds {n:,} tokens, not a multiple of row_len {meta['row_len']}")
+        if masked and not mpath.exists():  # (else every token would be scored)
+            fail(mpath, "missing, though meta.json records masks")
         if mpath.exists() and mpath.stat().st_size != n:
             fail(mpath, f"holds {mpath.stat().st_size:,} entries "
                         f"but {path.name} holds {n:,} tokens")

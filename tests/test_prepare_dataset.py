@@ -201,6 +201,7 @@ FAULTS = {
     "a partial row": (lambda d: (open(d / "train.bin", "ab").write(b"\0\0"),
                                  edit_meta(d, tokens={})),
                       "train.bin", True),
+    "no train_mask.bin": (lambda d: (d / "train_mask.bin").unlink(), "train_mask.bin", True),
     "mask length differs": (lambda d: open(d / "val_mask.bin", "ab").write(b"\0"),
                             "val_mask.bin", True),
     "token id >= vocab_size": (lambda d: np.full(460, 67, np.uint16).tofile(d / "val.bin"),
