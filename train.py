@@ -169,10 +169,11 @@ def settings(argv):
         saved = {k: v for k, v in ckpt["config"].items()
                  if k in DEFAULTS and k != "data_changed_ok"}  # (for one resume)
         cfg = {**DEFAULTS, **saved, **{k: cfg[k] for k in given}, "out_dir": cfg["out_dir"]}
-    elif ckpt is not None:
-        cfg.update({k: margs[k] for k in FINETUNE_KEEPS})
+    elif ckpt is not None:  # YaRN's keys too, unless given
+        yarn = [k for k in ("rope_scaling", "rope_scaling_orig_len") if k not in given]
+        cfg.update({k: margs[k] for k in FINETUNE_KEEPS + yarn})
         if cfg["rope_scaling"] > 1.0 and cfg["rope_scaling_orig_len"] == 0:
-            cfg["rope_scaling_orig_len"] = margs["block_size"]  # YaRN: the source's context
+            cfg["rope_scaling_orig_len"] = margs["rope_scaling_orig_len"] or margs["block_size"]
     problems = broken_rules(cfg, RULES)
     try:
         model_config = GPTConfig(**{k: cfg[k] for k in MODEL_KEYS})

@@ -3,11 +3,11 @@
 # warmup steps and then constant (no decay), 64 sequences of 4096 tokens per step.
 # The architecture and pos_emb come from the checkpoint; weights only (fresh
 # optimizer, iter 0). The paper's two fine-tunes differ in one key:
-#   "PoPE+ft"   a PoPE checkpoint as it is (rope_scaling 1.0, the default here);
+#   "PoPE+ft"   a PoPE checkpoint as it is;
 #   RoPE+YaRN   a RoPE checkpoint with YaRN scale s = 4 (arXiv 2309.00071):
 #               --rope_scaling=4.0, s = 4096 / the source's block_size. YaRN's
-#               original length is the source checkpoint's block_size (1024 for
-#               config/pope_124m.py), saved as rope_scaling_orig_len.
+#               original length is the source's (a YaRN checkpoint's own, else its
+#               block_size: 1024 for config/pope_124m.py), saved as rope_scaling_orig_len.
 #
 # Usage:
 #   python train.py config/finetune_long.py \
@@ -25,9 +25,8 @@
 init_from = "out-pope-124m/ckpt.pt"  # config/pope_124m.py's; another: --init_from=path/to/ckpt.pt
 out_dir = "out-pope-ft"
 block_size = 4 * 1024
-# YaRN s, for RoPE checkpoints only (1.0: no YaRN; a RoPE source then gives "RoPE+ft")
-rope_scaling = 1.0
-rope_scaling_orig_len = 0  # 0: the source checkpoint's block_size
+# rope_scaling (YaRN s) and rope_scaling_orig_len: the checkpoint's unless given (a RoPE source
+# without YaRN, fine-tuned as it is, gives "RoPE+ft")
 
 # 64 sequences per step (batch_size x gradient_accumulation_steps; accumulation is
 # split over DDP ranks, so 8 divides 1, 2, 4 or 8 GPUs)

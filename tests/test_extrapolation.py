@@ -272,3 +272,13 @@ def test_finetune_long_end_to_end(env, tmp_path):
     assert [plain["results"][L]["rope_scaling"] for L in ("32", "128", "256")] == [4.0, 4.0, 4.0]
     assert [yarn["results"][L]["rope_scaling"] for L in ("32", "128", "256")] == [4.0, 4.0, 8.0]
     assert plain["results"]["128"]["nll"] == yarn["results"]["128"]["nll"]
+    # a fine-tune of that YaRN checkpoint stays YaRN at its original length, s given or not
+    for extra, scale in (([], 4.0), (["--rope_scaling=8.0"], 8.0)):
+        out = tmp_path / f"again{scale}"
+        run_train([os.path.join(ROOT, "config", "finetune_long.py"),
+                   f"--init_from={tmp_path / 'rope' / 'ckpt.pt'}", "--dataset=shk",
+                   f"--data_dir={env.root / 'data'}", f"--out_dir={out}", "--device=cpu",
+                   "--block_size=128", "--batch_size=2", "--max_iters=1", "--eval_iters=1",
+                   *extra], cwd=tmp_path)
+        ma = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=True)["model_args"]
+        assert (ma["rope_scaling"], ma["rope_scaling_orig_len"]) == (scale, BLOCK)
