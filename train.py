@@ -3,7 +3,7 @@ Train a GPT with PoPE, RoPE or no positional embedding, nanoGPT style:
 python train.py [config/FILE.py] [--key=value ...], or under torchrun for DDP. --help lists every
 setting. Fine-tune: --init_from=path/ckpt.pt; a checkpoint's full-split loss: --init_from=resume
 --eval_only=True --eval_full=True (into out_dir/eval.json). Speed: --compile=True; one GPU:
---cuda_graph=True (the step as one CUDA graph; compile_mode=reduce-overhead is gone).
+--cuda_graph=True (the step as one CUDA graph).
 """
 
 import json
@@ -114,6 +114,8 @@ RULES = {  # setting: (rule(value, settings), what it must be); NaN fails all
                    f">= 1, batch_size x block_size <= {MAX_BATCH_TOKENS:,}; larger batches: "
                    "gradient_accumulation_steps"),
     "max_iters": (lambda v, c: v >= 0, ">= 0"),
+    "eval_only": (lambda v, c: not v or c["init_from"] != "scratch",
+                  "with a checkpoint: init_from"),
     "warmup_iters": (lambda v, c: v >= 0, ">= 0"),
     "seed": (lambda v, c: 0 <= v < 2**63, "in [0, 2**63)"),
     "learning_rate": (lambda v, c: 0 < v < math.inf, "> 0 and finite"),
@@ -253,15 +255,19 @@ class Data:
 @torch.no_grad()
 def evaluate(model, data, split, dev, ctx, c, bar=False):
     """Loss and accuracy on split's scored targets: c's eval_iters batches (the same each eval),
-    or with eval_full the whole split."""
+    or with eval_full the whole split (rows, or windows and one more for the last targets)."""
     model.eval()
     B = c["batch_size"]
+    tail = 0  # eval_full's last window: its targets past the other windows'
     if c["eval_full"]:
         step = data.row_len or data.T
         n = len(data.arrays(split)[0])
         if not data.row_len:
             n -= 1  # (a window's last target)
-        batches = (torch.arange(n // step) * step).split(B)
+        batches = list((torch.arange(n // step) * step).split(B))
+        tail = n % step
+        if tail:
+            batches.append(torch.tensor([n - step]))
     else:
         key = SPLIT_NAMES.index(split)
         gens = [make_gen(c["seed"], key, k) for k in range(c["eval_iters"])]
@@ -270,6 +276,9 @@ def evaluate(model, data, split, dev, ctx, c, bar=False):
     disable = None if bar else True
     for starts in tqdm(batches, f"eval {split}", leave=False, file=sys.stderr, disable=disable):
         x, y, m = data.get_batch(split, starts, dev)
+        if tail and starts is batches[-1]:
+            m = torch.ones_like(y, dtype=torch.float32) if m is None else m.clone()
+            m[:, :-tail] = 0
         with ctx:
             logits, loss = model(x, y, m)
         w = m if m is not None else torch.ones_like(y, dtype=torch.float32)
@@ -472,6 +481,7 @@ def main(argv):
     it0 = iter_num  # the timing window's first iteration
     it_start = iter_num
     running_mfu = -1.0
+    saved = False
     while True:
         lr = get_lr(iter_num, cfg)
         if graphed is None:
@@ -510,6 +520,7 @@ def main(argv):
                 }
                 with output_file(ckpt_path) as f:  # whole or not at all: a crash leaves the old one
                     torch.save(state, f)
+                saved = True
                 print(f"saved checkpoint to {ckpt_path}")
             t0 = time.time()  # keep eval time out of the step timing
             it0 = iter_num
@@ -547,6 +558,11 @@ def main(argv):
                 log_record(log, rec)
         iter_num += 1
 
+    if master and not (eval_only or saved):  # say why no new weights are on disk
+        why = f"val loss never below {best_val_loss:.4f}, always_save_checkpoint=False"
+        if max_iters <= it_start:
+            why = f"max_iters={max_iters} <= the checkpoint's iter {it_start}"
+        print(f"note: no checkpoint saved: {why}", file=sys.stderr)
     if world > 1:
         # leave together, then end without the interpreter's shutdown: DDP keeps references to the
         # process group, and gloo's threads running into it end in SIGABRT (torch 2.13)

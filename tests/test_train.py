@@ -264,6 +264,7 @@ BAD_SETTINGS = [  # (setting=value that its RULES row or GPTConfig refuses, othe
     ("peak_flops=0.0", []), ("beta1=1.0", []), ("beta2=-0.5", []), ("beta2=1.5", []),
     ("n_head=0", []), ("n_head=-2", []), ("n_embd=0", []), ("n_embd=-4", []), ("seed=-1", []),
     (f"seed={10**20}", []), ("rope_scaling_orig_len=-1", []), ("batch_size=100000000", []),
+    ("eval_only=True", []),  # (init_from: scratch, a random model's score)
     ("learning_rate=0.0", []), ("eval_splits=train,,val", []), ("out_dir=", []),
     ("device=cuda:64", []),  # (no machine has 65 GPUs)
     ("attn_impl=triton", ["--device=cpu"]),  # (the kernels run on CUDA or with TRITON_INTERPRET=1)
@@ -495,3 +496,45 @@ def test_a_diverged_run_saves_no_checkpoint(data_root, tmp_path):
     _, err = p.communicate(timeout=600)
     assert p.returncode == 1, f"exit {p.returncode}:\n{err[-2000:]}"
     assert not (tmp_path / "out" / "ckpt.pt").exists()
+
+
+def test_a_run_that_saves_no_checkpoint_says_why(data_root, tmp_path):
+    """always_save_checkpoint=False saves only a better val loss; a resume's max_iters not past its
+    checkpoint trains nothing: either way the old checkpoint stays and stderr names the setting."""
+    run_here(args(data_root, "--out_dir=o", "--max_iters=2"), tmp_path)
+    ckpt = (tmp_path / "o" / "ckpt.pt").read_bytes()
+    p = run_here(args(data_root, "--out_dir=o", "--init_from=resume", "--max_iters=2"), tmp_path)
+    assert "max_iters" in p.stderr and (tmp_path / "o" / "ckpt.pt").read_bytes() == ckpt
+    # a fine-tune at a learning rate that wrecks the weights: its val loss never beats step 0's
+    p = run_here(args(data_root, "--out_dir=f", "--init_from=o/ckpt.pt", "--max_iters=2",
+                      "--always_save_checkpoint=False", "--learning_rate=1.0", "--min_lr=0.0",
+                      "--warmup_iters=0"), tmp_path)
+    assert "always_save_checkpoint" in p.stderr and not (tmp_path / "f" / "ckpt.pt").exists()
+    p = run_here(args(data_root, "--out_dir=g", "--init_from=o/ckpt.pt", "--max_iters=2"),
+                 tmp_path)
+    assert "checkpoint" not in p.stderr and (tmp_path / "g" / "ckpt.pt").exists()
+
+
+def test_full_eval_scores_every_target_once(data_root, tmp_path):
+    """eval_full on a token stream: the whole windows, then one ending at the split's end whose
+    targets past theirs count. Against a float64 NLL of those windows from the checkpoint."""
+    run_here(args(data_root, "--out_dir=o", "--max_iters=2"), tmp_path)
+    run_here([TRAIN, "--out_dir=o", "--init_from=resume", "--eval_only=True", "--eval_full=True",
+              "--eval_splits=val"], tmp_path)
+    got = json.loads((tmp_path / "o" / "eval.json").read_text())["val"]
+    ids = torch.from_numpy(np.fromfile(data_root / "toy" / "val.bin", np.uint16).astype(np.int64))
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    model = GPT(GPTConfig(**ck["model_args"])).double().eval()
+    model.load_state_dict(ck["model"])
+    n, T = len(ids) - 1, 32  # targets, TINY's block_size
+    tail = n % T
+    assert tail > 0  # (the data leaves a tail: the case under test)
+    nll = []
+    with torch.no_grad():
+        for s in [*range(0, n - tail, T), n - T]:
+            w = ids[s:s + T + 1]
+            out = F.cross_entropy(model(w[None, :-1], w[None, 1:])[0][0], w[1:], reduction="none")
+            nll.append(out[T - tail:] if s == n - T else out)
+    want = torch.cat(nll)
+    assert got["tokens"] == n == len(want)
+    assert got["loss"] == pytest.approx(float(want.mean()), abs=1e-5)
