@@ -141,8 +141,8 @@ def load_tokens(spec, meta, need, ckpt, dataset=None):
     folder = os.path.dirname(os.path.abspath(spec))
     row_len = data_kind(spec) == "bin" and load_meta(folder).get("row_len")
     if row_len:  # (its meta.json: read_tokens has checked it)
-        print(f"note: {spec} holds rows of {row_len} tokens; windows run across rows",
-              file=sys.stderr)
+        print(f"note: {spec} holds rows of {row_len} tokens; windows run across rows and score "
+              "every token (a _mask.bin is not read)", file=sys.stderr)
     return toks
 
 
