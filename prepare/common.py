@@ -3,6 +3,7 @@ the command that rebuilds it, the check train.py runs on it (check_dataset), tok
 errors."""
 
 import argparse
+import glob
 import importlib
 import io
 import json
@@ -262,6 +263,8 @@ def check_outputs(**paths):
         folder = next(f for f in Path(os.path.abspath(path)).parents if os.path.lexists(f))
         if os.path.isdir(path):
             raise PrepareError(f"--{option} {path} is a folder; give a file name")
+        if option == "save" and glob.glob(glob.escape(path) + ".*"):  # (sample.py's prefix_0)
+            raise PrepareError(f"--save: {path}.* exists; pick another prefix, or remove it")
         if not folder.is_dir():
             raise PrepareError(f"--{option} {path}: {folder} is a file, not a folder")
         probe = folder / f".write-check-{os.getpid()}"

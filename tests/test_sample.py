@@ -78,3 +78,14 @@ def test_a_kv_cache_larger_than_the_hosts_memory_is_refused(tmp_path, monkeypatc
     else:
         sample.main(argv)
         assert capsys.readouterr().out.count("---------------") == 8
+
+
+def test_save_does_not_overwrite_an_earlier_calls_samples(tmp_path, capsys):
+    """--save=PREFIX twice: the second call is refused before sampling, the first's file kept."""
+    ck = save(tmp_path / "m.pt", len(ITOS), {"vocab_size": len(ITOS), "itos": ITOS})
+    argv = [f"--ckpt={ck}", *CPU, "--num_samples=1", f"--save={tmp_path / 's'}"]
+    sample.main(argv)
+    first = (tmp_path / "s_0.txt").read_bytes()
+    capsys.readouterr()
+    assert str(tmp_path / "s_0") in script_error(sample.main, argv + ["--seed=2"])
+    assert (tmp_path / "s_0.txt").read_bytes() == first
