@@ -1,27 +1,26 @@
 """
 PoPE attention as one fused Triton kernel (forward and backward), and a decoding kernel.
 
-It computes, per head, what model.py's PyTorch path computes (the PoPE paper's score, arXiv
-2509.10534):
+Per head, the score of model.py's PyTorch path (the PoPE paper's, arXiv 2509.10534):
     a_ts = sm_scale * sum_c softplus(q)[t,c] softplus(k)[s,c] cos((s-t) theta_c + delta_c),
-a dot product of the 2D-long Cartesian vectors [mu cos(phase), mu sin(phase)], with theta and delta
-as model.py makes them (pope_frequencies, pope_delta). model.py's porting note names the
-@triton.jit helpers that must follow a change of PoPE (tests/test_kernel.py holds them to it).
+a dot of the 2D-long Cartesian [mu cos(phase), mu sin(phase)], theta and delta as model.py makes
+them (pope_frequencies, pope_delta). model.py's porting note names the @triton.jit helpers that
+must follow a change of PoPE (tests/test_kernel.py holds them to it).
 
 Entry points: pope_attention, kernel_unsupported_reason; for model.KVCache's one-token steps
 decode_attention, decode_unsupported_reason, decode_launch. Query row i sits at position q_offset+i,
 key row j at j. Supported: CUDA (compute capability 8.0+), or the CPU with TRITON_INTERPRET=1 set
 before import; bf16, fp16, fp32; head dim 32, 64 or 128.
 
-How it works (measurements behind each choice: results/kernel.md): a pre-pass writes the Cartesian
-keys in the input dtype (phases in float32), so the loop is a plain flash attention with a QK dot of
-depth 2D and a PV dot of depth D. The forward makes its query block Cartesian in registers. The
-backward is FlashAttention-2's: pre-passes (Cartesian queries with rowsum(dO*O), Cartesian keys), a
-dk/dv kernel and a dq kernel that load them, each mapping its gradient back to dq, dk and ddelta in
-its epilogue. No atomics: ddelta is summed per key block, then by torch in a fixed order: bitwise
-deterministic. One torch.library custom op with an autograd formula serves eager calls and
-torch.compile; launches go through Triton's launcher, GPU configs through triton.autotune. The
-sections follow Triton's fused-attention tutorial; the CPU interpreter's shims come last.
+How it works (each choice's measurements: results/kernel.md): a pre-pass writes the Cartesian keys
+in the input dtype (phases in float32): the loop is a plain flash attention, a QK dot of depth 2D, a
+PV dot of depth D. The forward makes its query block Cartesian in registers. The backward is
+FlashAttention-2's: pre-passes (Cartesian queries with rowsum(dO*O), Cartesian keys), then a dk/dv
+and a dq kernel loading them, each mapping its gradient back to dq, dk and ddelta in its epilogue.
+No atomics: ddelta is summed per key block, then by torch in a fixed order: bitwise deterministic.
+One torch.library custom op with an autograd formula serves eager calls and torch.compile; launches
+go through Triton's launcher, GPU configs through triton.autotune. Sections follow Triton's
+fused-attention tutorial; the CPU interpreter's shims come last.
 """
 
 import contextlib
@@ -34,7 +33,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-# read once, as triton.jit reads it when the kernels are decorated: setting it later changes neither
+# read once, as triton.jit does when decorating the kernels: setting it later changes neither
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -43,10 +42,9 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 @triton.jit
 def _softplus(x):
-    """mu = softplus(x) = max(x, 0) + log1p(e), e = exp(-|x|) in (0, 1]. log1p is log(u), u = 1 + e
-    rounded, corrected by what the rounding added, (u - 1) - e, over u: log(1 + e) alone is off by
-    up to ~65 float32 ulps near x = -4.3, and for tiny e (very negative x, where mu is tiny too) u
-    is 1 and the correction gives e itself."""
+    """mu = softplus(x) = max(x, 0) + log1p(e), e = exp(-|x|) in (0, 1]. log1p: log(u), u = 1 + e
+    rounded, less the rounding's excess (u - 1) - e over u: log(1 + e) alone is off by up to ~65
+    float32 ulps near x = -4.3; for tiny e (very negative x, tiny mu) u is 1 and this gives e."""
     e = tl.exp(-tl.abs(x))
     u = 1.0 + e
     return tl.maximum(x, 0.0) + (tl.log(u) - ((u - 1.0) - e) / u)
@@ -54,9 +52,9 @@ def _softplus(x):
 
 @triton.jit
 def _cos_sin(phase):
-    """cos and sin of a float32 phase. Phases reach T radians, but the GPU's fast sin/cos are
-    accurate only near [-pi, pi]: reduce first, 2*pi split in two parts (Cody-Waite), exact for k up
-    to millions; then sin.approx/cos.approx (abs. error ~5e-7). libdevice's sinf/cosf would add a
+    """cos and sin of a float32 phase, which reaches T radians; the GPU's fast sin/cos are
+    accurate only near [-pi, pi]: reduce by 2*pi in two parts (Cody-Waite), exact for k up to
+    millions, then sin.approx/cos.approx (abs. error ~5e-7). libdevice's sinf/cosf would add a
     Payne-Hanek path with a local-memory array."""
     k = tl.floor(phase * 0.15915494309189535 + 0.5)
     r = _fma(k, -6.2831854820251465, phase)
@@ -74,9 +72,8 @@ def _cartesian_tile(x, pos, theta, delta):
 
 @triton.jit
 def _cartesian_grad(x, pos, theta, delta, gc, gs):
-    """From the gradient (gc, gs) w.r.t. [mu cos, mu sin] to those w.r.t. x and the phase. Called
-    after the main loop, recomputing mu, cos and sin rather than keeping three tiles live in
-    registers."""
+    """From the gradient (gc, gs) w.r.t. [mu cos, mu sin] to those w.r.t. x and the phase. After the
+    main loop, recomputing mu, cos and sin rather than keeping three tiles live in registers."""
     mu = _softplus(x)
     c, s = _cos_sin(pos[:, None] * theta[None, :] + delta[None, :])
     return (gc * c + gs * s) * tl.sigmoid(x), mu * (gs * c - gc * s)
@@ -85,8 +82,8 @@ def _cartesian_grad(x, pos, theta, delta, gc, gs):
 @triton.jit
 def _relative_key(mu, rel, theta, delta):
     """mu_k cos(rel theta + delta), float32: the decoding kernel's PoPE key at rel = s - t from the
-    query, the query's phase folded in (the score is then a dot with mu_q). rel None: s = t, the
-    phase is delta."""
+    query, the query's phase folded in (the score: a dot with mu_q). rel None: s = t, phase
+    delta."""
     phase = delta
     if rel is not None:
         phase = rel * theta + delta
@@ -107,8 +104,7 @@ def _cartesian_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, HAS_DELTA: tl.constexpr, WITH_DI: tl.constexpr,
 ):
     """XC[b, h, t] = [mu cos(phase), mu sin(phase)] (B, H, T, 2D) in XC's dtype. WITH_DI also writes
-    DI[b, h, t] = rowsum(dO * O), the backward's other per-query-row pre-pass, from the same
-    program."""
+    DI[b, h, t] = rowsum(dO * O), the backward's other per-row pre-pass, in the same program."""
     pid_t = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -137,8 +133,8 @@ def _cartesian_kernel(
 
 @triton.jit
 def _query_rows(H, TQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """The prologue of the forward and the dq kernel: which BLOCK_M query rows of which (batch,
-    head) this program owns."""
+    """The forward's and dq's prologue: the BLOCK_M query rows, and (batch, head), this program
+    owns."""
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # (the grid's order: see _grid)
     bh = tl.program_id(0).to(tl.int64)
     b = bh // H
@@ -153,9 +149,8 @@ def _query_rows(H, TQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
 @triton.jit
 def _key_bounds(q_offset, m0, TK,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """The keys the query rows [m0, m0 + BLOCK_M) see: [0, hi_full) are seen in full by every row
-    and run without a mask; [hi_full, hi) straddle the diagonal or the end of the keys and run with
-    one; the ones above the diagonal not at all."""
+    """Keys of query rows [m0, m0 + BLOCK_M): [0, hi_full), seen by every row, run unmasked;
+    [hi_full, hi), straddling the diagonal or the keys' end, masked; those above it not at all."""
     if CAUSAL:
         hi_full = tl.minimum(q_offset + m0 + 1, TK) // BLOCK_N * BLOCK_N
         hi = tl.minimum(q_offset + m0 + BLOCK_M, TK)
@@ -193,9 +188,9 @@ def _fwd_inner(
             if CAUSAL:
                 ok = ok & (offs_n[None, :] <= qpos[:, None])
             s = tl.where(ok, s, float("-inf"))
-        # the scale goes into the row max (max(s) * c = max(s * c), c > 0, rounding included) and
-        # into the exponent as one fma per score: one float32 op fewer than scaling s first. Every
-        # row sees key 0, which is in the first block visited: m_new is finite
+        # scale in the row max (max(s) * c = max(s * c), c > 0, rounding included) and in the
+        # exponent, one fma a score: a float32 op fewer than scaling s first. Every row sees
+        # key 0, in the first block visited: m_new is finite
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
@@ -211,10 +206,10 @@ def _fwd_inner(
     return acc, l_i, m_i
 
 
-# Launch configs: (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel and head dim (32 uses 64's);
-# the first of a list is POPE_AUTOTUNE=0's and forward-only calls'. Each list: the fastest of sweeps
-# on an H200, timed in place in a forward+backward, and runners-up that stayed close at every shape
-# (results/kernel.md, "Launch configs").
+# Launch configs: (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel and head dim (32 uses 64's).
+# Each list: first the fastest of H200 sweeps timed in place in a forward+backward, used by
+# POPE_AUTOTUNE=0 and forward-only calls; then runners-up close at every shape (results/kernel.md,
+# "Launch configs").
 _AUTOTUNE = not _INTERPRET and os.environ.get("POPE_AUTOTUNE", "1") != "0"
 _BLOCKS = {
     "fwd": {
@@ -228,8 +223,8 @@ _DECODE_FWD = (16, 64, 4, 3)  # query chunks of <= 16 rows (a few tokens against
 
 def _autotuned(kernel, kind, **kw):
     """triton.autotune over every head dim's configs, pruned to the launch's head dim's (no
-    attributes of our own on a Config: with cache_results, which keeps a shape's winner on disk,
-    Triton rebuilds it from its __dict__)."""
+    attributes of ours on a Config: cache_results keeps a shape's winner on disk and Triton
+    rebuilds it from its __dict__)."""
     every = sorted({b for D in _BLOCKS[kind] for b in _BLOCKS[kind][D]})
     configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                for bm, bn, w, s in every]
@@ -258,9 +253,8 @@ def _pope_fwd(
     DOT_PREC: tl.constexpr,
 ):
     """One program: BLOCK_M query rows of one (batch, head), all keys they see. Writes O and the
-    row's log2-sum-exp (for the backward). qk_scale holds sm_scale*log2(e) so that the softmax runs
-    on exp2. The query block, made Cartesian (queries have no delta) in Q's dtype, lives for the
-    whole program."""
+    row's log2-sum-exp (for the backward). qk_scale = sm_scale*log2(e): the softmax runs on exp2.
+    The query block, made Cartesian (no delta) in Q's dtype, lives through the program."""
     bh, b, h, m0, offs_m, offs_d, rows = _query_rows(H, TQ, HEAD_DIM, BLOCK_M)
     qpos = q_offset + offs_m
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
@@ -309,15 +303,15 @@ def _dkdv_inner(
     lo, hi, TQ, q_offset, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    """dk/dv's loop over the query blocks [lo, hi) that see the key block, masked where MASK."""
+    """dk/dv's loop over the query blocks [lo, hi) seeing the key block, masked where MASK."""
     offs_d = tl.arange(0, HEAD_DIM)
     offs_d2 = tl.arange(0, 2 * HEAD_DIM)
     lo_hi = _loop_bounds(lo, hi)
     for start_m in range(lo_hi[0], lo_hi[1], BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         rows = offs_m < TQ
-        # query rows past TQ load as zeros with lse = Di = 0: their p is 1 but dO and Di are 0, so
-        # they add nothing to dk, dv and ddelta
+        # rows past TQ load as zeros, lse = Di = 0: p is 1 but dO = Di = 0: nothing added to dk,
+        # dv, ddelta
         q2 = tl.load(QC + offs_m[:, None] * (2 * HEAD_DIM) + offs_d2[None, :],
                      mask=rows[:, None], other=0.0)
         lse = tl.load(LSE + offs_m, mask=rows, other=0.0)
@@ -354,9 +348,8 @@ def _pope_bwd_dkdv(
     DOT_PREC: tl.constexpr,
 ):
     """One program: BLOCK_N key rows of one (batch, head), every query block that sees them. Writes
-    dk, dv, and this block's row of ddelta partials DDELTA_PARTS[pid_n, b * H + h, :] (summed over
-    blocks and batch by the caller). Its keys come Cartesian from the pre-pass, KC (B, H, TK,
-    2D)."""
+    dk, dv and this block's ddelta partials DDELTA_PARTS[pid_n, b * H + h, :] (the caller sums over
+    blocks and batch). Keys come Cartesian from the pre-pass: KC (B, H, TK, 2D)."""
     pid_n = tl.program_id(1)  # (the grid's order: see _grid)
     bh = tl.program_id(0).to(tl.int64)
     b = bh // H
@@ -367,10 +360,9 @@ def _pope_bwd_dkdv(
     cols = offs_n < TK
     v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svt + offs_d[None, :] * svd,
                 mask=cols[:, None], other=0.0)
-    # one (BLOCK_N, 2D) key tile [mu cos | mu sin] and one (BLOCK_N, 2D) dk accumulator, not a tile
-    # and an accumulator per half: the same products in wider dots; loaded, not made here (no key
-    # transform in registers through the loop: results/kernel.md), and split again for the chain
-    # rule after the loop
+    # one (BLOCK_N, 2D) key tile [mu cos | mu sin] and dk accumulator, not one per half: the same
+    # products in wider dots; loaded, not made here (no key transform in registers through the
+    # loop: results/kernel.md); split again after the loop for the chain rule
     offs_d2 = tl.arange(0, 2 * HEAD_DIM)
     k2 = tl.load(KC + bh * TK * 2 * HEAD_DIM + offs_n[:, None] * (2 * HEAD_DIM) + offs_d2[None, :],
                  mask=cols[:, None], other=0.0)
@@ -397,11 +389,11 @@ def _pope_bwd_dkdv(
                           full_lo, TQ, TQ, q_offset, qk_scale,
                           HEAD_DIM, BLOCK_M, False, DOT_PREC)
     dkc, dks = _halves(dk2)
-    # dv first, so that its registers are free for the rest
+    # dv first, freeing its registers for the rest
     tl.store(DV + b * sdvb + h * sdvh + offs_n[:, None] * sdvt + offs_d[None, :] * sdvd,
              _cast(dv, DV.dtype.element_ty), mask=cols[:, None])
-    # back from the Cartesian key [mu c, mu s] to k and the phase (= delta's); k, theta, delta are
-    # loaded here, not in the prologue: live through the loop they made it spill
+    # back from the Cartesian key [mu c, mu s] to k and the phase (= delta's); k, theta, delta load
+    # here, not in the prologue: live through the loop, they made it spill
     k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skt + offs_d[None, :] * skd,
                 mask=cols[:, None], other=0.0).to(tl.float32)
     theta = tl.load(THETA + offs_d)
@@ -479,7 +471,7 @@ def _pope_bwd_dq(
     qpos = q_offset + offs_m
     theta = tl.load(THETA + offs_d)
     hi_full, hi = _key_bounds(q_offset, m0, TK, BLOCK_M, BLOCK_N, CAUSAL)
-    # the pre-pass's Cartesian queries: loaded, not made here, they leave fewer registers to spill
+    # the pre-pass's Cartesian queries (loaded, not made here: see _bwd)
     qrow = QC + bh * TQ * 2 * HEAD_DIM + offs_m[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
     qc = tl.load(qrow, mask=rows[:, None], other=0.0)
     qs = tl.load(qrow + HEAD_DIM, mask=rows[:, None], other=0.0)
@@ -508,22 +500,20 @@ def _pope_bwd_dq(
 
 
 # -----------------------------------------------------------------------------
-# Decoding kernel: one query per (batch, head) against a static KV cache (model.KVCache's one-token
-# step). Softmax attention over ready keys (any power-of-two width) or over PoPE's magnitudes mu_k
-# alone (D numbers a key, as RoPE's; the kernel makes each slot's phase: results/kernel.md,
-# "Decoding"), split over the keys as flash-decoding does: each (batch, head)'s keys 0..pos are cut
-# into `splits` chunks, one program each, which write a partial (max, sum, accumulator); the last of
-# a pair's programs to finish (an atomic count says which) merges them: one launch a layer. pos is
-# read on the device, so a CUDA graph replays the step at every position. The program that holds
-# slot pos writes the new key and value there and attends to them from registers (no other program
-# reads it).
+# Decoding kernel: one query per (batch, head) on a static KV cache (model.KVCache's one-token
+# step), softmax over ready keys (any power-of-two width) or PoPE's magnitudes mu_k alone (D numbers
+# a key, as RoPE's; the kernel makes each slot's phase: results/kernel.md, "Decoding"). Split as in
+# flash-decoding: a pair's keys 0..pos in `splits` chunks, one program each, writing a partial
+# (max, sum, accumulator); the pair's last program to finish (an atomic count tells) merges them:
+# one launch a layer. pos is read on the device: a CUDA graph replays the step at every position.
+# The program holding slot pos writes the new key and value there, attending to them from
+# registers (no other program reads it).
 
 _DECODE_PROGRAMS = 512  # split programs to aim for: ~4 per SM of an H100/H200 (132 SMs)
 # elements of one key tile (BLOCK_N keys x key width), 4 warps: 64 float32 registers a thread. One
-# fixed config (no autotuning): the step is bound by reading the cache.
+# fixed config (not autotuned): the step is bound by cache reads.
 _DECODE_TILE = 8192
-# MODE, how q and k come: ready, or raw, to be turned as PoPE's (to magnitudes) or as RoPE's
-# (rotated)
+# MODE: q and k come ready, or raw, to be turned as PoPE's (to magnitudes) or RoPE's (rotated)
 _READY = tl.constexpr(0)
 _POPE = tl.constexpr(1)
 _ROPE = tl.constexpr(2)
@@ -531,9 +521,9 @@ _ROPE = tl.constexpr(2)
 
 @triton.jit
 def _decode_turn(X, sxd, pos, FREQ, MODE: tl.constexpr, DIM: tl.constexpr):
-    """The DIM-long float32 query or key from X (one row, stride sxd) at position pos. _POPE: its
-    magnitudes mu = softplus(X) (the phases are made per slot: _relative_key); _ROPE: X rotated as
-    model.apply_rope (rotate-half) by pos * inv_freq_i; _READY: X as it is."""
+    """The DIM-long float32 query or key from X (one row, stride sxd) at pos. _POPE: its
+    magnitudes mu = softplus(X) (phases made per slot: _relative_key); _ROPE: X rotated as
+    model.apply_rope (rotate-half) by pos * inv_freq_i; _READY: X as is."""
     offs = tl.arange(0, DIM)
     if MODE == _POPE:
         x = _softplus(tl.load(X + offs * sxd).to(tl.float32))
@@ -563,11 +553,11 @@ def _decode_split_kernel(
     FINAL: tl.constexpr, SPLITS_POW2: tl.constexpr,
 ):
     """Program (split, bh): chunk `split` of (batch, head) bh's keys 0..pos -> PART[bh, split] =
-    (acc, max, sum), the max and sum of exp2(scores - max) in log2 units (qk_scale holds sm_scale *
+    (acc, max, sum), the max and sum of exp2(scores - max) in log2 units (qk_scale = sm_scale *
     log2(e)); the pair's last program to finish (COUNT[bh], zero between launches, counts them)
     merges the partials into O[b, h, 0]. MODE: _decode_turn's (FREQ, and for _POPE DELTA (H,
-    HEAD_DIM) with row stride sdh). FINAL (one chunk, SPLITS = 1): the program writes O[b, h, 0] =
-    acc / sum, no partial, no count."""
+    HEAD_DIM) with row stride sdh). FINAL (one chunk, SPLITS = 1): it writes O[b, h, 0] = acc / sum,
+    no partial, no count."""
     split = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -635,14 +625,13 @@ def _decode_split_kernel(
             tl.store(mine + offs_d, acc)
             tl.store(mine + HEAD_DIM, m)
             tl.store(mine + HEAD_DIM + 1, l)
-            # every thread's partial stored before the count (the barrier), released with it; the
-            # count's old value says whether this is the last of the chunks that ran (ran = chunks
-            # holding a key)
+            # every thread's partial stored before the count (the barrier), released with it; its
+            # old value says if this is the last chunk that ran (ran: chunks holding a key)
             tl.debug_barrier()
             done = tl.atomic_add(COUNT + bh, 1, sem="acq_rel", scope="gpu")
             ran = tl.cdiv(pos + 1, per)
-            # the last: merge all (they are visible: the acquire), zero the count. The loads are
-            # .cg: from L2, where the other programs' stores are
+            # the last merges all (visible: the acquire), zeroes the count. .cg loads: from L2,
+            # where the other programs' stores are
             if done == ran - 1:
                 tl.store(COUNT + bh, 0)
                 offs_s = tl.arange(0, SPLITS_POW2)
@@ -664,9 +653,9 @@ def _decode_split_kernel(
 
 
 # -----------------------------------------------------------------------------
-# Custom ops (torch.library) for the forward and the backward, eager and under torch.compile (one
-# opaque node there: no graph break; the fakes give the shapes), and the decoding step's under
-# torch.compile. The forward's autograd formula calls the backward op.
+# Custom ops (torch.library): forward and backward, eager and under torch.compile (one opaque node
+# there: no graph break; the fakes give the shapes), and the decoding step's under torch.compile.
+# The forward's autograd formula calls the backward op.
 
 @torch.library.custom_op("pope_kernel::fwd", mutates_args=())
 def _fwd_op(
@@ -733,9 +722,8 @@ _LOG2E = 1.4426950408889634
 
 
 def _launch(kernel, tuned, blocks, grid, args, kwargs):
-    """kernel[grid](...) with blocks = (BLOCK_M, BLOCK_N, warps, stages), or where blocks is None
-    and autotuning is on, its autotuner `tuned`'s pick; 16x16 blocks under the interpreter. Returns
-    BLOCK_N."""
+    """kernel[grid](...) with blocks = (BLOCK_M, BLOCK_N, warps, stages) or, blocks None and
+    autotuning on, `tuned`'s pick; 16x16 blocks under the interpreter. Returns BLOCK_N."""
     if blocks is None and _AUTOTUNE:
         tuned[grid](*args, **kwargs)
         return tuned.best_config.kwargs["BLOCK_N"]
@@ -749,10 +737,9 @@ def _launch(kernel, tuned, blocks, grid, args, kwargs):
 
 def _grid(pairs, T, block):
     """The attention kernels' grid: (batch, head) pairs on axis 0, blocks of T on axis 1. The GPU
-    starts programs in grid order, axis 0 fastest; each kernel numbers its blocks so that those with
-    the most work under the causal mask start first (the forward's and dq's last query blocks,
-    dk/dv's first key blocks) and the light ones fill the tail (results/kernel.md, "Heavy-first
-    grids")."""
+    starts programs in grid order, axis 0 fastest; each kernel numbers its blocks so the heaviest
+    under the causal mask start first (the forward's and dq's last query blocks, dk/dv's first key
+    blocks) and light ones fill the tail (results/kernel.md, "Heavy-first grids")."""
     return lambda meta: (pairs, triton.cdiv(T, meta[block]))
 
 
@@ -762,8 +749,8 @@ def _empty(shape, like, dtype=None):
 
 
 def _bthd(x):
-    """Empty, shaped as the (B, H, T, D) x but laid out (B, T, H, D) as SDPA's outputs are: the
-    model's y.transpose(1, 2) is then contiguous."""
+    """Empty, shaped as the (B, H, T, D) x, laid out (B, T, H, D) as SDPA's outputs: the model's
+    y.transpose(1, 2) is then contiguous."""
     return _empty(x.transpose(1, 2).shape, x).transpose(1, 2)
 
 
@@ -787,7 +774,7 @@ def _cartesian(x, theta, delta, pos0, o=None, do=None):
     xc = _empty((B, H, T, 2 * D), x)
     with_di = o is not None
     has_delta = delta is not None
-    # x, xc and theta stand in for the pointers the kernel does not read
+    # x, xc and theta stand in for pointers the kernel leaves unread
     if with_di:
         di = _empty((B, H, T), x, torch.float32)
     else:
@@ -814,11 +801,11 @@ def _cartesian(x, theta, delta, pos0, o=None, do=None):
 
 
 def _fwd(q, k, v, delta, theta, causal, sm_scale, q_offset, tune):
-    """The forward: out and lse, each row's log2-sum-exp (float32), which the backward reads."""
+    """The forward: out and lse, each row's log2-sum-exp (float32) for the backward."""
     B, H, Tq, D = q.shape
     Tk = k.size(2)
     # short query chunks (decoding) and calls without gradients (inference, eval) run a fixed
-    # config: tuning every new (Tq, Tk) bucket would cost seconds per new length
+    # config: tuning each new (Tq, Tk) bucket would cost seconds
     if Tq <= 16:
         blocks = _DECODE_FWD
     elif _AUTOTUNE and tune:
@@ -851,13 +838,12 @@ def _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
     if not _AUTOTUNE:
         dkdv_blocks = _BLOCKS["dkdv"][max(D, 64)][0]
     with _on_device(q):
-        # The 2D-long queries (with rowsum(dO*O)) and keys come from pre-passes and serve both
-        # kernels: loaded, not made in registers, they leave the kernels fewer registers to spill
-        # (results/kernel.md)
+        # pre-passes make the 2D-long queries (with rowsum(dO*O)) and keys for both kernels:
+        # loaded, not made in registers, they leave fewer registers to spill (results/kernel.md)
         dk = _bthd(k)
         dv = _bthd(v)
         # ddelta partials: a launch writes the first cdiv(Tk, BLOCK_N) rows, blocks outermost: one
-        # contiguous (blocks * B, H * D) matrix, summed over its rows. 16: the smallest BLOCK_N
+        # contiguous (blocks * B, H * D) matrix, summed over rows. 16: the smallest BLOCK_N
         ddelta_parts = _empty((triton.cdiv(Tk, 16), B * H, D), q, torch.float32)
         qc, di = _cartesian(q, theta, None, q_offset, o=out, do=do)
         kc = _cartesian(k, theta, delta, 0)
@@ -889,7 +875,7 @@ def _decode(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, qk_mode, spli
     """The decoding kernel's one launch: `splits` programs a (batch, head)."""
     B, H, N, Dk = k_cache.shape
     D = v_cache.size(-1)
-    # the caches and pos stand in for the pointers the kernel does not read
+    # the caches and pos stand in for pointers the kernel leaves unread
     if freq is None:
         freq = k_cache
     if delta is None:
@@ -927,7 +913,7 @@ def _decode(q, k, v, k_cache, v_cache, pos, freq, delta, sm_scale, qk_mode, spli
 # Entry points
 
 class PopeKernelUnsupported(ValueError):
-    """Raised by pope_attention for input the Triton kernel does not support."""
+    """Raised by pope_attention for input the kernel does not take."""
 
 
 _SUPPORTED = ("the PoPE Triton kernel takes CUDA tensors (or CPU tensors under TRITON_INTERPRET=1) "
@@ -945,7 +931,7 @@ def _capability(dev):
 
 def kernel_unsupported_reason(q, k, v, delta, theta=None, q_offset=0):
     """None if pope_attention takes these inputs, else why not: the kernel's one support check,
-    which pope_attention asks too (model.py asks it to choose its path)."""
+    asked by pope_attention too (and by model.py, to choose its path)."""
     if (q.dim() != 4 or k.dim() != 4 or k.shape[:2] != q.shape[:2] or k.size(-1) != q.size(-1)
             or v.shape != k.shape):
         return (f"q must be (B, H, Tq, D), k and v (B, H, Tk, D); got q {tuple(q.shape)}, "
@@ -976,17 +962,17 @@ def kernel_unsupported_reason(q, k, v, delta, theta=None, q_offset=0):
 
 def pope_attention(q, k, v, delta, theta, *, causal=True, sm_scale=None, q_offset=0,
                    checked=False):
-    """PoPE attention through the fused Triton kernel: the contract of model.pope_attention_torch,
-    with the frequencies theta = model.pope_frequencies(D) given instead of their base (delta and
-    theta used as given). Raises PopeKernelUnsupported, a ValueError, for input the kernel does not
-    take, unless checked: the caller had None from kernel_unsupported_reason (model.py's 'auto')."""
+    """PoPE attention through the fused Triton kernel: model.pope_attention_torch's contract, with
+    theta = model.pope_frequencies(D) given instead of its base (delta and theta used as given).
+    Raises PopeKernelUnsupported, a ValueError, for input the kernel does not take, unless checked:
+    the caller had None from kernel_unsupported_reason (model.py's 'auto')."""
     if not checked:
         reason = kernel_unsupported_reason(q, k, v, delta, theta, q_offset)
         if reason is not None:
             raise PopeKernelUnsupported(
                 f"{reason} (model.py's attn_impl='auto' or 'torch' runs its PyTorch path)")
-    # the kernels read delta and theta as contiguous float32 (model.py hands them so: then nothing
-    # runs here); the cast is outside the op, so that autograd maps ddelta back
+    # the kernels read delta and theta as contiguous float32 (model.py hands them so: a no-op
+    # then); cast outside the op, so autograd maps ddelta back
     delta = delta.to(torch.float32).contiguous()
     theta = theta.to(q.device, torch.float32).contiguous()
     tune = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, delta))
@@ -1020,15 +1006,14 @@ def decode_unsupported_reason(k_cache, v_cache):
 
 def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, delta=None,
                      inv_freq=None, splits=None, block_n=None, counts=None):
-    """k_cache[:, :, pos] = k, v_cache[:, :, pos] = v, then one query per (batch, head) over the
-    slots up to pos: softmax(sm_scale q k_cache[..., :pos+1]^T) v_cache[..., :pos+1], the softmax in
-    float32. q, k (B, H, 1, Dk), v (B, H, 1, D), any strides; pos a one-element integer tensor on
-    the caches' device (read there: CUDA-graph safe); past N nothing is written and the output is
-    NaN. Raw q and k are turned at pos in the kernel: given theta (D,) and delta (H, D) (float32,
-    bounded by model.pope_delta), PoPE over a cache of magnitudes softplus(k); given inv_freq
-    (D/2,), RoPE's rotation. splits and block_n override decode_launch's; counts: B*H int32 zeros
-    that each call's chunks count themselves in and leave at zero (model.KVCache keeps one for all
-    its layers)."""
+    """k_cache[:, :, pos] = k, v_cache[:, :, pos] = v, then one query per (batch, head) over
+    slots 0..pos: softmax(sm_scale q k_cache[..., :pos+1]^T) v_cache[..., :pos+1], in float32.
+    q, k (B, H, 1, Dk), v (B, H, 1, D), any strides; pos a one-element integer tensor on the
+    caches' device (read there: CUDA-graph safe); past N: nothing written, a NaN output.
+    The kernel turns raw q and k at pos: given theta (D,) and delta (H, D) (float32, bounded by
+    model.pope_delta), PoPE over a cache of magnitudes softplus(k); given inv_freq (D/2,), RoPE's
+    rotation. splits and block_n override decode_launch's; counts: B*H int32 zeros each call's
+    chunks count in and leave at zero (model.KVCache keeps one for all layers)."""
     B, H, N, Dk = k_cache.shape
     D = v_cache.size(-1)
     ok = q.shape == k.shape == (B, H, 1, Dk) and v.shape == (B, H, 1, D) and pos.numel() == 1
@@ -1071,7 +1056,7 @@ def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, de
 
 def decode_launch(k_cache, block_n=None):
     """dict(splits, block_n): the launch decode_attention picks for caches of k_cache's shape (given
-    block_n, the splits it picks with it), the same at every pos: model.KVCache asks once and passes
+    block_n, its splits for it), the same at every pos: model.KVCache asks once and passes
     both in."""
     B, H, N, Dk = k_cache.shape
     if not block_n:
@@ -1082,9 +1067,8 @@ def decode_launch(k_cache, block_n=None):
 
 # -----------------------------------------------------------------------------
 # Interpreter shims (TRITON_INTERPRET=1, the CPU tests): Triton 3.6's interpreter differs from the
-# GPU in a few places; each shim takes the GPU's path when compiled. They can come after the
-# kernels that call them: a @triton.jit function looks its globals up when it first runs, not when
-# decorated.
+# GPU in places; each shim takes the GPU's path when compiled. They may follow the kernels calling
+# them: a @triton.jit function looks its globals up when first run, not when decorated.
 
 _INTERPRETED = tl.constexpr(_INTERPRET)
 
@@ -1113,8 +1097,8 @@ if hasattr(triton, "constexpr_function"):  # lets compiled kernels name it
 @triton.jit
 def _loop_bounds(lo, hi):
     """The interpreter keeps scalars as 1-element arrays, which numpy >= 2.4
-    no longer takes as a range() bound, and turns every value assigned to a name back into one: the
-    loops take (lo, hi) from here."""
+    no longer takes as a range() bound, and makes any value assigned to a name one again: loops take
+    (lo, hi) from here."""
     if _INTERPRETED:
         bounds = (_interpreter_int(lo), _interpreter_int(hi))
     else:
@@ -1125,7 +1109,7 @@ def _loop_bounds(lo, hi):
 @triton.jit
 def _cast(x, dtype):
     """The interpreter truncates float32 -> bf16 (the GPU rounds to nearest even),
-    which doubles bf16 errors in the CPU tests: round first, with integer ops, so that its
+    which doubles bf16 errors in the CPU tests: round first, with integer ops, so its
     truncation is exact."""
     if _INTERPRETED:
         if dtype == tl.bfloat16:

@@ -203,7 +203,7 @@ def make_gen(*key):
 class Data:
     """A dataset of prepare/*.py: {split}.bin token ids, meta.json, {split}_mask.bin (1 = a target)
     or none. A batch takes whole rows where meta has row_len, else windows of block_size + 1
-    tokens. The files are opened once: a new set prepared meanwhile cannot change a run's data."""
+    tokens. Files open once: a set prepared meanwhile cannot change a run's data."""
 
     def __init__(self, path, block_size, splits):
         self.dir = path
@@ -300,8 +300,8 @@ def log_record(log, rec):
 
 
 def get_lr(it, c):
-    """The settings c's learning rate at iteration it: a linear warmup, then a cosine decay to
-    min_lr at lr_decay_iters (without decay_lr: learning_rate)."""
+    """c's learning rate at iteration it: a linear warmup, then a cosine decay to min_lr at
+    lr_decay_iters (without decay_lr: learning_rate)."""
     lr = c["learning_rate"]
     warmup = c["warmup_iters"]
     if it < warmup:
@@ -335,8 +335,8 @@ def train_step(model, raw_model, optimizer, scaler, ctx, accum, clip, batch):
 
 
 class GraphedStep:
-    """train_step as one CUDA graph, gathering the eager loop's batches from the training split on
-    the GPU (their starts copied in before each replay); AdamW becomes capturable (lr a tensor)."""
+    """train_step as one CUDA graph, gathering the eager loop's batches from the train split on the
+    GPU (their starts copied in before each replay); AdamW becomes capturable (lr a tensor)."""
 
     def __init__(self, step, raw_model, optimizer, data, accum, c):
         params = list(raw_model.parameters())
@@ -382,7 +382,7 @@ class GraphedStep:
 
 
 def setup_device(c):
-    """DDP (under torchrun), the device, the dtype and its autocast context of the settings c:
+    """DDP (under torchrun), the device, the dtype and its autocast context of settings c:
     (rank, world, dev, dt, ctx)."""
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -564,7 +564,7 @@ def main(argv):
             why = f"max_iters={max_iters} <= the checkpoint's iter {it_start}"
         print(f"note: no checkpoint saved: {why}", file=sys.stderr)
     if world > 1:
-        # leave together, then end without the interpreter's shutdown: DDP keeps references to the
+        # leave together, then skip the interpreter's shutdown: DDP holds references to the
         # process group, and gloo's threads running into it end in SIGABRT (torch 2.13)
         dist.barrier()
         dist.destroy_process_group()
