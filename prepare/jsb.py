@@ -161,6 +161,15 @@ def encode(text, meta=None):
             "tokens are <s>, R (or .) and note names A0..C8") from None
 
 
+def encode_prompt(text, meta=None):
+    """sample.py's prompt: encode's ids, first <s> as in every training row (the voices S A T B
+    follow it in turn: a prompt without it would put each note in the next voice)."""
+    ids = encode(text)
+    if ids[:1] != [START]:
+        raise ValueError('a JSB prompt starts with <s>, as every row does: "<s> C5 G4 E4 C3"')
+    return ids
+
+
 def roll_from_ids(ids):
     """Inverse of encode_piece on chorale tokens (<s> ids are skipped; a
     trailing partial step is dropped): (T, 4) pitches, -1 = silent."""

@@ -33,6 +33,10 @@ def test_vocabulary_and_prompts():
     assert jsb.roll_from_ids(jsb.encode("<s> C5 G4 E4 C3")).tolist() == [[72, 67, 64, 48]]
     with pytest.raises(ValueError, match="H2"):
         jsb.encode("C4 H2")
+    assert jsb.encode_prompt("<s> C5 G4 E4 C3") == jsb.encode("<s> C5 G4 E4 C3")
+    for voices_shifted in ("C5 G4 E4 C3", ""):
+        with pytest.raises(ValueError):
+            jsb.encode_prompt(voices_shifted)
 
 
 def test_counts_masks_and_exact_round_trip(prepared, music):

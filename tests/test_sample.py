@@ -89,3 +89,13 @@ def test_save_does_not_overwrite_an_earlier_calls_samples(tmp_path, capsys):
     capsys.readouterr()
     assert str(tmp_path / "s_0") in script_error(sample.main, argv + ["--seed=2"])
     assert (tmp_path / "s_0.txt").read_bytes() == first
+
+
+def test_a_jsb_prompt_without_its_start_token_is_refused(tmp_path, capsys):
+    """JSB rows start with <s>, then S A T B in turn: without it every note lands in the next voice."""
+    meta = {"format": "jsb", "vocab_size": 90, "itos": [str(i) for i in range(90)]}
+    ck = save(tmp_path / "m.pt", 90, meta)
+    code, out, _ = run_exit(sample.main, [f"--ckpt={ck}", *CPU, "--start=C5 G4 E4 C3"])
+    assert out == "" and "--start" in str(code)  # sys.exit's one line, nothing sampled
+    sample.main([f"--ckpt={ck}", *CPU, "--num_samples=1", "--start=<s> C5 G4 E4 C3"])
+    assert capsys.readouterr().out.count("---------------") == 1
