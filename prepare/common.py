@@ -623,10 +623,12 @@ def read_tokens(
     try:
         encode = codec(meta)[0]
         gpt2 = vocab_key(meta) == "gpt2"
+        if gpt2:  # as prepare/*.py tokenize: a "<|endoftext|>" in the text is text
+            encode = gpt2_encoding().encode_ordinary
         ends = kind != ".txt" and (gpt2 or "\n" in meta["itos"])  # documents end as in training
         sep = []
         if ends:
-            sep = encode("<|endoftext|>" if gpt2 else "\n\n")
+            sep = [gpt2_encoding().eot_token] if gpt2 else encode("\n\n")
         if kind == ".txt":
             docs = _text_chunks(path, chunk_chars)
         if kind == ".jsonl":

@@ -17,6 +17,7 @@ import torch
 import eval_extrapolation as ex
 from helpers import run_here, script_error
 from model import load_checkpoint
+from prepare import openwebtext as owt
 from prepare.common import PrepareError, codec, read_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -170,9 +171,9 @@ def test_text_reads_as_its_tokens(tmp_path, shared_data, monkeypatch):
     assert codec(READER_META)[1](
         read_tokens(str(tmp_path / "d.jsonl"), READER_META, 10 ** 6).tolist()) == "ab\n\nc\na\n\n"
     gpt2 = {"tokenizer": "gpt2", "vocab_size": 50304}
-    enc, _ = codec(gpt2)
+    enc = owt.encode  # training's tokenizer (prepare/openwebtext.py's)
     text = (shared_data / "text" / "english" / "webtext.txt").read_text(encoding="utf-8")[:60_000]
-    # whitespace runs around newlines, a special token
+    # whitespace runs around newlines, a literal <|endoftext|> (text in training too)
     text += "\n  \nword \nX\n\n\nY <|endoftext|>Z"
     (tmp_path / "g.txt").write_text(text, encoding="utf-8")
     assert (read_tokens(str(tmp_path / "g.txt"), gpt2, 10 ** 9, chunk_chars=777).tolist()
