@@ -62,6 +62,10 @@ class GPTConfig:
         if self.n_embd % self.n_head or self.pos_emb == "rope" and self.n_embd // self.n_head % 2:
             raise ValueError(
                 f"n_embd={self.n_embd} must split into n_head={self.n_head} (even for RoPE)")
+        if self.attn_impl == "triton" and self.pos_emb == "pope" and pope_kernel:
+            if self.n_embd // self.n_head not in pope_kernel.HEAD_DIMS:
+                raise ValueError(
+                    f"attn_impl='triton' takes n_embd / n_head in {pope_kernel.HEAD_DIMS}")
         if self.rope_scaling > 1.0 and self.pos_emb != "rope":
             raise ValueError(
                 f"rope_scaling must be 1 unless pos_emb='rope', got {self.rope_scaling}")

@@ -207,9 +207,8 @@ def _fwd_inner(
 
 
 # Launch configs: (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel and head dim (32 uses 64's).
-# Each list: first the fastest of H200 sweeps timed in place in a forward+backward, used by
-# POPE_AUTOTUNE=0 and forward-only calls; then runners-up close at every shape (results/kernel.md,
-# "Launch configs").
+# Each list: the fastest of H200 sweeps timed in a forward+backward (POPE_AUTOTUNE=0's and
+# forward-only calls'), then runners-up close at every shape (results/kernel.md, "Launch configs").
 _AUTOTUNE = not _INTERPRET and os.environ.get("POPE_AUTOTUNE", "1") != "0"
 _BLOCKS = {
     "fwd": {
@@ -222,9 +221,8 @@ _DECODE_FWD = (16, 64, 4, 3)  # query chunks of <= 16 rows (a few tokens against
 
 
 def _autotuned(kernel, kind, **kw):
-    """triton.autotune over every head dim's configs, pruned to the launch's head dim's (no
-    attributes of ours on a Config: cache_results keeps a shape's winner on disk and Triton
-    rebuilds it from its __dict__)."""
+    """triton.autotune over every head dim's configs, pruned to the launch's (no attributes of
+    ours on a Config: cache_results keeps a shape's winner on disk, rebuilt from its __dict__)."""
     every = sorted({b for D in _BLOCKS[kind] for b in _BLOCKS[kind][D]})
     configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                for bm, bn, w, s in every]
@@ -252,9 +250,9 @@ def _pope_fwd(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    """One program: BLOCK_M query rows of one (batch, head), all keys they see. Writes O and the
-    row's log2-sum-exp (for the backward). qk_scale = sm_scale*log2(e): the softmax runs on exp2.
-    The query block, made Cartesian (no delta) in Q's dtype, lives through the program."""
+    """One program: BLOCK_M query rows of one (batch, head), all keys they see -> O and the rows'
+    log2-sum-exp (for the backward). qk_scale = sm_scale*log2(e): softmax on exp2. The query
+    block, made Cartesian (no delta) in Q's dtype, lives through the program."""
     bh, b, h, m0, offs_m, offs_d, rows = _query_rows(H, TQ, HEAD_DIM, BLOCK_M)
     qpos = q_offset + offs_m
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :] * sqd,
@@ -521,9 +519,9 @@ _ROPE = tl.constexpr(2)
 
 @triton.jit
 def _decode_turn(X, sxd, pos, FREQ, MODE: tl.constexpr, DIM: tl.constexpr):
-    """The DIM-long float32 query or key from X (one row, stride sxd) at pos. _POPE: its
-    magnitudes mu = softplus(X) (phases made per slot: _relative_key); _ROPE: X rotated as
-    model.apply_rope (rotate-half) by pos * inv_freq_i; _READY: X as is."""
+    """The DIM-long float32 query or key of X (one row, stride sxd) at pos. _POPE: mu = softplus(X)
+    (phases per slot: _relative_key); _ROPE: X rotated as model.apply_rope (rotate-half) by
+    pos * inv_freq_i; _READY: X."""
     offs = tl.arange(0, DIM)
     if MODE == _POPE:
         x = _softplus(tl.load(X + offs * sxd).to(tl.float32))
@@ -552,12 +550,11 @@ def _decode_split_kernel(
     KEY_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr,
     FINAL: tl.constexpr, SPLITS_POW2: tl.constexpr,
 ):
-    """Program (split, bh): chunk `split` of (batch, head) bh's keys 0..pos -> PART[bh, split] =
-    (acc, max, sum), the max and sum of exp2(scores - max) in log2 units (qk_scale = sm_scale *
-    log2(e)); the pair's last program to finish (COUNT[bh], zero between launches, counts them)
-    merges the partials into O[b, h, 0]. MODE: _decode_turn's (FREQ, and for _POPE DELTA (H,
-    HEAD_DIM) with row stride sdh). FINAL (one chunk, SPLITS = 1): it writes O[b, h, 0] = acc / sum,
-    no partial, no count."""
+    """Program (split, bh): chunk `split` of pair bh's keys 0..pos -> PART[bh, split] = (acc, max,
+    sum), max and sum of exp2(scores - max) in log2 units (qk_scale = sm_scale * log2(e)); the
+    pair's last program to finish (COUNT[bh] counts them, zero between launches) merges them into
+    O[b, h, 0]. MODE: _decode_turn's (FREQ; for _POPE, DELTA (H, HEAD_DIM), row stride sdh).
+    FINAL (SPLITS = 1): O[b, h, 0] = acc / sum, no partial, no count."""
     split = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -916,9 +913,10 @@ class PopeKernelUnsupported(ValueError):
     """Raised by pope_attention for input the kernel does not take."""
 
 
-_SUPPORTED = ("the PoPE Triton kernel takes CUDA tensors (or CPU tensors under TRITON_INTERPRET=1) "
-              "of one dtype among bfloat16, float16 and float32, with head dim 32, 64 or 128")
+_SUPPORTED = ("the PoPE Triton kernel takes CUDA tensors (CPU ones under TRITON_INTERPRET=1) of "
+              "one dtype, bfloat16, float16 or float32, head dim 32, 64 or 128")
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+HEAD_DIMS = (32, 64, 128)
 
 
 def _capability(dev):
@@ -952,7 +950,7 @@ def kernel_unsupported_reason(q, k, v, delta, theta=None, q_offset=0):
     dtypes_ok = k.dtype == v.dtype == q.dtype and delta.dtype.is_floating_point
     if q.dtype not in _DTYPES or not dtypes_ok:
         return f"got q, k, v, delta in {q.dtype}, {k.dtype}, {v.dtype}, {delta.dtype}; {_SUPPORTED}"
-    if D not in (32, 64, 128) or q.numel() == 0 or k.numel() == 0:
+    if D not in HEAD_DIMS or q.numel() == 0 or k.numel() == 0:
         return f"got q {tuple(q.shape)}, k {tuple(k.shape)} (head dim {D}); {_SUPPORTED}"
     if _capability(dev) < (8, 0):
         return (f"the GPU has compute capability {_capability(dev)}, the kernel needs 8.0+; "
@@ -1055,9 +1053,8 @@ def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, de
 
 
 def decode_launch(k_cache, block_n=None):
-    """dict(splits, block_n): the launch decode_attention picks for caches of k_cache's shape (given
-    block_n, its splits for it), the same at every pos: model.KVCache asks once and passes
-    both in."""
+    """dict(splits, block_n): decode_attention's launch for caches of k_cache's shape (given
+    block_n, its splits), the same at every pos: model.KVCache asks once, passes both."""
     B, H, N, Dk = k_cache.shape
     if not block_n:
         block_n = max(16, _DECODE_TILE // Dk)
@@ -1096,9 +1093,8 @@ if hasattr(triton, "constexpr_function"):  # lets compiled kernels name it
 
 @triton.jit
 def _loop_bounds(lo, hi):
-    """The interpreter keeps scalars as 1-element arrays, which numpy >= 2.4
-    no longer takes as a range() bound, and makes any value assigned to a name one again: loops take
-    (lo, hi) from here."""
+    """The interpreter keeps scalars as 1-element arrays, which numpy >= 2.4 refuses as range()
+    bounds, and makes any value assigned to a name one again: loops take (lo, hi) from here."""
     if _INTERPRETED:
         bounds = (_interpreter_int(lo), _interpreter_int(hi))
     else:
@@ -1108,9 +1104,8 @@ def _loop_bounds(lo, hi):
 
 @triton.jit
 def _cast(x, dtype):
-    """The interpreter truncates float32 -> bf16 (the GPU rounds to nearest even),
-    which doubles bf16 errors in the CPU tests: round first, with integer ops, so its
-    truncation is exact."""
+    """The interpreter truncates float32 -> bf16 (the GPU rounds to nearest even), doubling
+    bf16 errors in the CPU tests: round first, with integer ops, so its truncation is exact."""
     if _INTERPRETED:
         if dtype == tl.bfloat16:
             b = x.to(tl.float32).to(tl.uint32, bitcast=True)

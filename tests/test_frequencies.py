@@ -224,3 +224,5 @@ def test_refusals_name_the_file_or_option(data, tmp_path, monkeypatch, script):
         assert named in err(script, ["--ckpt", ck, "--data", data, *args]), args
     no_gpu = ["--ckpt", ck, "--data", data, "--device", "cuda:64"]  # (no machine has 65 GPUs)
     assert "--device" in script_error(script.main, no_gpu)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernel on the CPU, but not at head dim 8
+    assert str(ck) in err(script, ["--ckpt", ck, "--data", data, "--attn_impl", "triton"])

@@ -538,3 +538,15 @@ def test_full_eval_scores_every_target_once(data_root, tmp_path):
     want = torch.cat(nll)
     assert got["tokens"] == n == len(want)
     assert got["loss"] == pytest.approx(float(want.mean()), abs=1e-5)
+
+
+def test_the_kernel_at_a_head_dim_it_lacks_is_refused_before_anything_is_written(data_root,
+                                                                                  tmp_path,
+                                                                                  monkeypatch):
+    """attn_impl='triton' where the kernel runs (TRITON_INTERPRET=1) but TINY's head dim, 16, is
+    not one it takes: one line naming the setting, not a traceback at the first eval."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    p = run_here(args(data_root, "--out_dir=o", "--max_iters=2", "--attn_impl=triton"), tmp_path,
+                 check=False)
+    refused(p, "attn_impl")
+    assert os.listdir(tmp_path) == []
