@@ -115,7 +115,7 @@ RULES = {  # setting: (rule(value, settings), what it must be); NaN fails all
                    "gradient_accumulation_steps"),
     "max_iters": (lambda v, c: v >= 0, ">= 0"),
     "eval_only": (lambda v, c: not v or c["init_from"] != "scratch",
-                  "with a checkpoint: init_from"),
+                  "False unless init_from=resume or a path"),
     "warmup_iters": (lambda v, c: v >= 0, ">= 0"),
     "seed": (lambda v, c: 0 <= v < 2**63, "in [0, 2**63)"),
     "learning_rate": (lambda v, c: 0 < v < math.inf, "> 0 and finite"),
@@ -558,7 +558,7 @@ def main(argv):
                 log_record(log, rec)
         iter_num += 1
 
-    if master and not (eval_only or saved):  # say why no new weights are on disk
+    if master and not (eval_only or saved):  # say why
         why = f"val loss never below {best_val_loss:.4f}, always_save_checkpoint=False"
         if max_iters <= it_start:
             why = f"max_iters={max_iters} <= the checkpoint's iter {it_start}"
