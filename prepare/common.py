@@ -621,14 +621,16 @@ def read_tokens(
     out = [np.zeros(0, dtype=np.int64)]
     n = 0
     try:
-        encode = codec(meta)[0]
         gpt2 = vocab_key(meta) == "gpt2"
         if gpt2:  # as prepare/*.py tokenize: a "<|endoftext|>" in the text is text
-            encode = gpt2_encoding().encode_ordinary
+            enc = gpt2_encoding()
+            encode = enc.encode_ordinary
+        else:
+            encode = codec(meta)[0]
         ends = kind != ".txt" and (gpt2 or "\n" in meta["itos"])  # documents end as in training
         sep = []
         if ends:
-            sep = [gpt2_encoding().eot_token] if gpt2 else encode("\n\n")
+            sep = [enc.eot_token] if gpt2 else encode("\n\n")
         if kind == ".txt":
             docs = _text_chunks(path, chunk_chars)
         if kind == ".jsonl":
