@@ -314,8 +314,6 @@ def main(argv=None):
             model, ckpt = load_checkpoint(path, device, **impl)
         except CheckpointError as e:
             die(str(e))
-        except ValueError as e:  # GPTConfig's: e.g. --attn_impl=triton at a head dim it lacks
-            die(f"{path}: {e}")
         cfg, base = model.config, os.path.basename(os.path.normpath(path))
         rope = cfg.pos_emb == "rope"
         if args.labels:

@@ -203,8 +203,6 @@ def main(argv=None):
             model, ckpt = load_checkpoint(path, device, **impl)
         except CheckpointError as e:
             die(str(e))
-        except ValueError as e:  # GPTConfig's: e.g. --attn_impl=triton at a head dim it lacks
-            die(f"{path}: {e}")
         label, meta = args.labels[i], ckpt.get("meta") or {}
         if (key := vocab_key(meta)) not in streams:  # one token stream per tokenizer
             try:

@@ -594,7 +594,11 @@ def read_checkpoint(path):
 def load_checkpoint(path, device="cpu", **overrides):
     """(model in eval mode, checkpoint); overrides: GPTConfig's."""
     ckpt = read_checkpoint(path)
+    try:
+        config = GPTConfig(**{**ckpt["model_args"], **overrides})
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}") from None
     with torch.device(device):  # the random init runs there: on a GPU, fast
-        model = GPT(GPTConfig(**{**ckpt["model_args"], **overrides}))
+        model = GPT(config)
     model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
     return model.to(device).eval(), ckpt

@@ -1009,9 +1009,9 @@ def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, de
     q, k (B, H, 1, Dk), v (B, H, 1, D), any strides; pos a one-element integer tensor on the
     caches' device (read there: CUDA-graph safe); past N: nothing written, a NaN output.
     The kernel turns raw q and k at pos: given theta (D,) and delta (H, D) (float32, bounded by
-    model.pope_delta), PoPE over a cache of magnitudes softplus(k); given inv_freq (D/2,), RoPE's
-    rotation. splits and block_n override decode_launch's; counts: B*H int32 zeros each call's
-    chunks count in and leave at zero (model.KVCache keeps one for all layers)."""
+    model.pope_delta), PoPE over a cache of softplus(k); given inv_freq (D/2,), RoPE's rotation.
+    splits, block_n: override decode_launch's; counts: B*H int32 zeros, the chunks' tally, left at
+    zero (model.KVCache keeps one for all layers)."""
     B, H, N, Dk = k_cache.shape
     D = v_cache.size(-1)
     ok = q.shape == k.shape == (B, H, 1, Dk) and v.shape == (B, H, 1, D) and pos.numel() == 1

@@ -258,7 +258,7 @@ def evaluate(model, data, split, dev, ctx, c, bar=False):
     or with eval_full the whole split (rows, or windows and one more for the last targets)."""
     model.eval()
     B = c["batch_size"]
-    tail = 0  # eval_full's last window: its targets past the other windows'
+    tail = 0
     if c["eval_full"]:
         step = data.row_len or data.T
         n = len(data.arrays(split)[0])
