@@ -2,10 +2,9 @@
 # RESULTS.md, the code corpus (issue 84): the paper's 124M model on Python source at context 1024
 # (config/code_124m.py: 2,000 steps of 64 x 1024 tokens), PoPE and RoPE for each seed; one seed
 # means the same batches. Then, on the final checkpoints:
-#   1. loss on the whole val and test splits at the training context (train.py --eval_full)
-#   2. eval_extrapolation.py on the test split (held-out packages) at 1024 x 1..10, every
-#      RoPE model also with zero-shot YaRN
-#   3. eval_frequencies.py on the same models (the test split's first 65,536 tokens)
+#   1. eval_extrapolation.py on the test split (held-out packages) at 1024 x 1..10, every RoPE
+#      model also with zero-shot YaRN (at 1024: the whole split at the training context)
+#   2. eval_frequencies.py on the same models (the test split's first 65,536 tokens)
 #
 # Needs:   1-2 CUDA GPUs (two: PoPE and RoPE side by side; one: one after the other). The corpus in
 #          data/code, else built here from the pinned wheels in WHEELS (python prepare/code.py
@@ -17,7 +16,6 @@
 #          prepare.log, data-meta.json        the corpus build and its meta.json (packages, sha256,
 #                                             tokens per package and split)
 #          seed<S>-<pe>.log, seed<S>-<pe>/metrics.jsonl    training (ckpt.pt beside: the last one)
-#          seed<S>-<pe>/eval.json, seed<S>-<pe>-eval.log   the whole val and test splits at 1024
 #          extrapolation.log / .json / .png   perplexity against context length, NLL by position
 #          frequencies.log / .json / .png     frequency usage per layer and channel
 #          env.txt
@@ -43,7 +41,7 @@ finished() { grep -q "^step $LAST:" "$OUT/$1.log" 2>/dev/null; }
     | tee $OUT/prepare.log
 cp data/code/meta.json $OUT/data-meta.json
 
-# 1. training: with several GPUs the i-th run on the i-th (round robin, side by side), else in turn
+# training: with several GPUs the i-th run on the i-th (round robin, side by side), else in turn
 i=0; pids=(); CKPTS=(); LABELS=()
 for s in $SEEDS; do
     for name in PoPE RoPE; do
@@ -64,24 +62,13 @@ done
 fail=0; for p in "${pids[@]}"; do wait $p || fail=1; done
 [ $fail = 0 ] || { echo "a training run failed: see the logs in $OUT"; exit 1; }
 
-# the whole val and test splits at the training context, each checkpoint's config
-for s in $SEEDS; do
-    for pe in pope rope; do
-        run=seed$s-$pe
-        [ -f $OUT/$run/eval.json ] && continue
-        CUDA_VISIBLE_DEVICES=${GPU[0]} python train.py --out_dir=$OUT/$run --init_from=resume \
-            --eval_only=True --eval_full=True --eval_splits=val,test --compile=False \
-            > $OUT/$run-eval.log 2>&1
-    done
-done
-
-# 2. perplexity against context length on the held-out packages, 1024 x 1..10 (--yarn: +YaRN too)
+# 1. perplexity against context length on the held-out packages, 1024 x 1..10 (--yarn: +YaRN too)
 [ -f $OUT/extrapolation.json ] || CUDA_VISIBLE_DEVICES=${GPU[0]} python eval_extrapolation.py \
     --data data/code/test.bin --yarn --max_tokens $MAX_TOKENS --no_progress --ckpt "${CKPTS[@]}" \
     --labels $(IFS=,; echo "${LABELS[*]}") --json $OUT/extrapolation.json \
     --plot $OUT/extrapolation.png 2>&1 | tee $OUT/extrapolation.log
 
-# 3. which positional frequencies the models use
+# 2. which positional frequencies the models use
 [ -f $OUT/frequencies.json ] || CUDA_VISIBLE_DEVICES=${GPU[0]} python eval_frequencies.py \
     --data data/code/test.bin --ckpt "${CKPTS[@]}" --no_progress --json $OUT/frequencies.json \
     --plot $OUT/frequencies.png 2>&1 | tee $OUT/frequencies.log  # labels: the runs' folders

@@ -260,28 +260,41 @@ def t_tasks_paired():
         rows += [[name] + pair_cells(r, 4)] + [[f"{name}, {n}"] + pair_cells(s, 4) for n, s in subs]
     return table(["test NLL, PoPE − RoPE paired by seed"] + PAIRED, rows)
 
-# ---- language models: results/lm/extrapolation.json, labels <model>-s<seed>[+YaRN] ----
+# ---- language models: results/<folder>/extrapolation.json, labels <model>-s<seed>[+YaRN] ----
+# folder lm: English at 30M (§3, §4); code: Python source at 124M, the corpus of issue 84 (§9)
 
 LM_GROUPS = ["PoPE", "RoPE", "RoPE+YaRN", "PoPE+ft", "RoPE+YaRN-ft", "RoPE+YaRN-ft+YaRN"]
 LM_PAIRS = (("PoPE − RoPE", "PoPE", "RoPE"), ("project − wrap", "PoPE-project", "PoPE"),
             ("clamp − wrap", "PoPE-clamp", "PoPE"))
+NOT_RUN = "Not run yet (`results/code.sh`)."
+# an independent study of Python source, quoted (not our runs); bits per byte, seed means
+CODE_REF = ("Quoted, not our runs: PrashRangarajan/mapformer (`CODE_RESULTS.md` at 390e97e: a "
+            "9-layer byte-level model on 100 MB of Python split by file, 3 seeds), val bits per "
+            "byte: trained at 512 and scored at 2,048, at positions 0–512 / 512–1,024 / "
+            "1,024–2,048, PoPE 0.8785 / 0.7991 / 0.8792 and RoPE 0.8755 / 2.6713 / 4.4641; trained "
+            "and scored at 2,048, PoPE 0.7052 and RoPE 0.7060, a difference it finds below its "
+            "minimum detectable effect.")
 
 @functools.cache
-def lm(group):
-    """{seed: {length: perplexity}} of a group's runs: the labels that differ only in the seed."""
-    models = json.loads(raw("lm/extrapolation.json"))["models"]
-    return {int(re.search(r"-s(\d+)", k)[1]): {int(L): x["ppl"] for L, x in m["results"].items()}
-            for k, m in models.items() if re.sub(r"-s\d+", "", k) == group}
+def extrapolation(folder):
+    return json.loads(raw(f"{folder}/extrapolation.json"))
 
-def t_lm_ppl():
+@functools.cache
+def lm(group, folder="lm"):
+    """{seed: {length: perplexity}} of a group's runs: the labels that differ only in the seed."""
+    return {int(re.search(r"-s(\d+)", k)[1]): {int(L): x["ppl"] for L, x in m["results"].items()}
+            for k, m in extrapolation(folder)["models"].items() if re.sub(r"-s\d+", "", k) == group}
+
+def t_lm_ppl(folder="lm"):
     """Perplexity by length: mean ± std over each group's seeds."""
-    lengths = json.loads(raw("lm/extrapolation.json"))["lengths"]
-    rows = [[g, str(len(lm(g)))] + [mean_std([x[L] for x in lm(g).values()], 1) for L in lengths]
-            for g in LM_GROUPS if lm(g)]
+    lengths = extrapolation(folder)["lengths"]
+    rows = [[g, str(len(lm(g, folder)))]
+            + [mean_std([x[L] for x in lm(g, folder).values()], 1) for L in lengths]
+            for g in LM_GROUPS if lm(g, folder)]
     return table(["group", "seeds"] + [str(L) for L in lengths], rows)
 
-def lm_pair(a, b, L):  # a − b in perplexity at L tokens, paired by seed
-    return paired(*({s: x[L] for s, x in lm(m).items()} for m in (a, b)))
+def lm_pair(a, b, L, folder="lm"):  # a − b in perplexity at L tokens, paired by seed
+    return paired(*({s: x[L] for s, x in lm(m, folder).items()} for m in (a, b)))
 
 def t_lm_paired():
     return table(["perplexity, paired by seed"] + PAIRED, [[f"{n}, at {L:,} tokens"]
@@ -293,7 +306,8 @@ def t_lm_paired():
 def freq():
     """{(folder, label): (top-quarter share per layer, share ÷ even share per channel)}."""
     out = {}
-    for f in sorted(glob.glob(f"{II}/*/frequencies-*.json", root_dir=R)) + ["lm/frequencies.json"]:
+    files = sorted(glob.glob(f"{II}/*/frequencies-*.json", root_dir=R)) + ["lm/frequencies.json"]
+    for f in files + glob.glob("code/frequencies.json", root_dir=R):
         for label, m in json.loads(raw(f))["models"].items():
             w = np.array(m["weight"])  # (layer, head, channel)
             share = w.sum(1) / w.sum((1, 2))[:, None]  # eval_frequencies.py's: heads summed
@@ -301,12 +315,12 @@ def freq():
                 share[:, :max(1, share.shape[1] // 4)].sum(1), share.mean(0) * share.shape[1])
     return out
 
-def t_freq(of_lm):  # the language models' (RESULTS §8), or the indirect-indexing ones'
+def t_freq(folder):  # lm/'s (RESULTS §8), code/'s (§9) or indirect_indexing/'s
     return table(["model", "top-quarter share (0.25 = even), mean over layers", "range over layers",
                   "share ÷ even share, min–max over channels", "mean over the top quarter"], [
         [f"{f}/{label}", f"{top.mean():.3f}", f"{top.min():.3f}–{top.max():.3f}",
          f"{even.min():.2f}–{even.max():.2f}", f"{even[:len(even) // 4].mean():.2f}"]
-        for (f, label), (top, even) in freq().items() if (f == "lm") == of_lm])
+        for (f, label), (top, even) in freq().items() if f.split("/")[0] == folder])
 
 # ---- speed: bench.py train --json files under results/kernel/, one run of each path ----
 
@@ -358,6 +372,36 @@ def ii_claim(a):
     return (f"Indirect indexing, {arm_name(a)}: PoPE solves the task, RoPE does not",
             "PoPE {}, RoPE {} (3 seeds)".format(*PAPER["ii"]), ours, word, "§1", ours + more)
 
+def extrapolation_claim(folder, name, where):
+    """PoPE − RoPE at the longest length, and whether RoPE's rise per step of length shrinks."""
+    lengths = extrapolation(folder)["lengths"]
+    r = lm_pair("PoPE", "RoPE", lengths[-1], folder)
+    rope = lm("RoPE", folder).values()
+    inc = [[x[L] - x[K] for x in rope] for K, L in (lengths[:2], lengths[-2:])]
+    shrinks = max(inc[1]) < min(inc[0])  # every rise over the last step below every first one
+    shape = "degrades steadily, not a blow-up at this scale" if shrinks else "blows up"
+    a, b = (f"{min(x):+.1f} to {max(x):+.1f}" for x in inc)
+    ours = f"PoPE − RoPE at {lengths[-1]:,} tokens {says(r, 2)}"
+    step = lengths[1] - lengths[0]
+    return (f"{name}: at 10× its context PoPE's perplexity is below RoPE's",
+            "PoPE's stays flat past the context, RoPE's rises", ours, verdict(r, -1), where,
+            f"{ours}; RoPE's perplexity rises by {a} over the first {step:,} tokens past the "
+            f"context and by {b} over the last: it {shape}")
+
+def context_claim(folder, name, models, where):
+    """PoPE − RoPE at the training context (the first length)."""
+    L = extrapolation(folder)["lengths"][0]
+    r = lm_pair("PoPE", "RoPE", L, folder)
+    ours = f"PoPE − RoPE at {L:,} tokens {says(r, 2)}"
+    return (f"{name}: PoPE's perplexity is below RoPE's", "{} vs {} (124M, OpenWebText, 100k "
+            "steps)".format(*PAPER["lm"]), f"{models}: {ours}", verdict(r, -1), where, ours)
+
+def code_run():  # the code corpus's runs are in (issue 84); until then its blocks say NOT_RUN
+    return os.path.exists(os.path.join(R, "code", "extrapolation.json"))
+
+def if_run(f):
+    return lambda: f() if code_run() else NOT_RUN
+
 @functools.cache
 def claims():
     """(claim, paper, ours, verdict, where, the section's sentence) per claim."""
@@ -370,21 +414,8 @@ def claims():
             more += f"; the gap rests on one code path ({alone[0]} alone rejects no difference)"
         out.append((f"{name}: PoPE's test NLL is below RoPE's", f"PoPE − RoPE {gap:+.4f} nats",
                     ours, verdict(r, -1), "§2", ours + more))
-    r = lm_pair("PoPE", "RoPE", 5120)
-    inc = [[x[L] - x[L - 512] for x in lm("RoPE").values()] for L in (1024, 5120)]
-    shrinks = max(inc[1]) < min(inc[0])  # every rise over the last 512 below every first one
-    shape = "degrades steadily, not a blow-up at this scale" if shrinks else "blows up"
-    a, b = (f"{min(x):+.1f} to {max(x):+.1f}" for x in inc)
-    ours = f"PoPE − RoPE at 5,120 tokens {says(r, 2)}"
-    out.append(("Length extrapolation: at 10× its context PoPE's perplexity is below RoPE's",
-                "PoPE's stays flat past the context, RoPE's rises", ours, verdict(r, -1), "§3",
-                f"{ours}; RoPE's perplexity rises by {a} over the first 512 tokens past the "
-                f"context and by {b} over the last: it {shape}"))
-    r = lm_pair("PoPE", "RoPE", 512)
-    out.append(("Language modelling at equal tokens: PoPE's perplexity is below RoPE's",
-                "{} vs {} (124M, OpenWebText, 100k steps)".format(*PAPER["lm"]),
-                f"30M models at 512 tokens: PoPE − RoPE {says(r, 2)}", verdict(r, -1), "§4",
-                f"PoPE − RoPE at 512 tokens {says(r, 2)}"))
+    out.append(extrapolation_claim("lm", "Length extrapolation", "§3"))
+    out.append(context_claim("lm", "Language modelling at equal tokens", "30M models", "§4"))
     rope = {fk: v[0].mean() for fk, v in freq().items() if RUN.fullmatch(fk[1])[2] == "rope"}
     lm_rope = {k: x for k, x in rope.items() if k[0] == "lm"}
     r = paired(lm_rope, dict.fromkeys(lm_rope, 0.25))
@@ -393,6 +424,9 @@ def claims():
             f"even share in {above} of {len(rope)} RoPE models measured")
     out.append(("Frequency usage: RoPE suppresses its high frequencies", "RoPE's high frequencies "
                 "suppressed, PoPE's range broader", ours, verdict(r, -1), "§8", ours))
+    if code_run():
+        out.append(context_claim("code", "Python source", "124M models", "§9"))
+        out.append(extrapolation_claim("code", "Python source, length extrapolation", "§9"))
     return out
 
 def v_claims(where):
@@ -418,11 +452,12 @@ TABLES.update(
     pytest_gpu_tests=lambda: table(["log (results/)", "pytest's last line"], [
         [f"`{f}`", raw(f).strip().splitlines()[-1]]
         for f in sorted(glob.glob("gpu_tests/**/*.log", root_dir=R, recursive=True))]),
-    freq_ii=lambda: t_freq(False), freq_lm=lambda: t_freq(True))
-VERDICTS = {"rule": lambda: RULE, "delta": v_delta,
+    freq_ii=lambda: t_freq(II), freq_lm=lambda: t_freq("lm"), env_code=lambda: t_env("code"),
+    code_ppl=if_run(lambda: t_lm_ppl("code")), freq_code=if_run(lambda: t_freq("code")))
+VERDICTS = {"rule": lambda: RULE, "delta": v_delta, "code_ref": lambda: CODE_REF,
             "readme": lambda: "\n".join(f"- {c[0]} ({c[4]}): **{c[3]}**." for c in claims()),
             **{k: functools.partial(v_claims, f"§{i}") for k, i in (
-                ("ii", 1), ("tasks", 2), ("extrapolation", 3), ("lm", 4), ("freq", 8))}}
+                ("ii", 1), ("tasks", 2), ("extrapolation", 3), ("lm", 4), ("freq", 8), ("code", 9))}}
 MARKER = re.compile(r"(<!-- (table|verdict):(\w+) -->)\n(.*?)\n?(<!-- /\2 -->)", re.S)
 
 def fill(text):

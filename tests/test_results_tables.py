@@ -7,6 +7,7 @@ import json
 import math
 import re
 import shutil
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -191,6 +192,59 @@ def test_a_new_weight_decay_arm_joins_section_1(tmp_path):
     assert unaccounted(tree / "results") == sorted(  # a run's log is read, its metrics are not
         f"indirect_indexing/target-wd0.01/{p.parent.name}/metrics.jsonl"
         for p in wd.glob("*/eval.json"))
+
+
+def test_the_code_corpus_joins_section_9_when_its_runs_are_in(tmp_path):
+    """results/code/ as results/code.sh leaves it (three seeds here): RESULTS §9's perplexity table,
+    two claims with their verdicts (PoPE − RoPE by seed at 1,024 and at 10,240 tokens), the
+    frequency shares and provenance in the folder's README, every file read or named; before the
+    runs, the blocks say so and no claim names the corpus."""
+    tree = copy_tree(tmp_path)
+    before = summarize(tree / "results")
+    assert not any("Python source" in c[0] for c in before.claims())
+    code = tree / "results" / "code"
+    lengths = [1024 * i for i in range(1, 11)]
+    noise = {1337: 0.5, 1338: -0.6, 1339: 0.2}  # PoPE − RoPE at 1,024: no clear sign
+    ppl = {}
+    for seed, e in noise.items():
+        ppl[f"PoPE-s{seed}"] = [20.0 + e + 0.01 * i for i in range(10)]
+        rise = 0.3 + 0.1 * (seed - 1337)  # RoPE's rise per 1,024 tokens grows: a blow-up
+        ppl[f"RoPE-s{seed}"] = [20.0 + rise * i * i for i in range(10)]
+        ppl[f"RoPE-s{seed}+YaRN"] = [x + 1.0 for x in ppl[f"PoPE-s{seed}"]]
+    models = {k: {"results": {str(L): {"ppl": x} for L, x in zip(lengths, xs)}}
+              for k, xs in ppl.items()}
+    (code / "extrapolation.json").write_text(json.dumps({"lengths": lengths, "models": models}))
+    weight = [[[1.0] * 16 + [3.0] * 48] * 2] * 2  # top quarter 16 of 160 per layer
+    (code / "frequencies.json").write_text(json.dumps({"models": {"seed1337-rope": {
+        "weight": weight}}}))
+    (code / "env.txt").write_text("command: bash results/code.sh\ncommit: abc1234\ndirty: no\n"
+                                  "date: 2026-12-08T00:00:00Z\ngpus: 0, NVIDIA H100\nmps: off\n")
+    for run in ("seed1337-pope", "seed1337-rope"):
+        (code / f"{run}.log").write_text("step 2000: train loss 1.0, val loss 1.1\n")
+    s = summarize(tree / "results")
+    text = s.fill((tree / "RESULTS.md").read_text())
+    for group in ("PoPE", "RoPE", "RoPE+YaRN"):
+        xs = [ppl[f"{group.replace('+YaRN', '')}-s{seed}" + ("+YaRN" if "+" in group else "")]
+              for seed in noise]
+        cells = [f"{statistics.mean(c):,.1f} ± {statistics.stdev(c):,.1f}" for c in zip(*xs)]
+        assert f"| {group} | 3 | " + " | ".join(cells) + " |" in text
+    claims = {c[0]: c for c in s.claims() if c[4] == "§9"}
+    at = {L: [ppl[f"PoPE-s{seed}"][i] - ppl[f"RoPE-s{seed}"][i] for seed in noise]
+          for i, L in ((0, 1024), (9, 10240))}
+    short = claims["Python source: PoPE's perplexity is below RoPE's"]
+    assert short[3] == "not established"
+    assert f"at 1,024 tokens {statistics.mean(at[1024]):+.2f} " in short[2]
+    far = claims["Python source, length extrapolation: at 10× its context PoPE's perplexity is "
+                 "below RoPE's"]
+    assert far[3] == "reproduced"
+    assert f"at 10,240 tokens {statistics.mean(at[10240]):+.2f} " in far[2]
+    assert far[5].endswith("over the last: it blows up")
+    assert "Python source: PoPE's perplexity is below RoPE's: not established.**" in text
+    readme = s.fill((code / "README.md").read_text())
+    assert f"| code/seed1337-rope | {16 / 160:.3f} |" in readme
+    assert "| `code/env.txt` | abc1234 | no |" in readme
+    assert s.NOT_RUN not in text + readme
+    assert unaccounted(tree / "results") == []
 
 
 def test_paired_statistics_against_float64_references():
