@@ -7,7 +7,7 @@ Usage:
     python eval_downstream.py --ckpt PATH [PATH ...]
         [--tasks lambada,blimp,cbt,hellaswag,piqa,arc_easy]
         [--data_dir DIR] [--limit N] [--batch_size N] [--device auto|cpu|cuda|cuda:N]
-        [--json out.json] [--trust_remote_code]
+        [--attn_impl auto|torch|triton] [--json out.json] [--trust_remote_code]
     e.g. python eval_downstream.py --ckpt out-pope/ckpt.pt out-rope/ckpt.pt \
              --data_dir $POPE_SHARED_DATA/evals
 
@@ -39,8 +39,9 @@ import torch
 import torch.nn.functional as F
 
 from model import CheckpointError, load_checkpoint, read_checkpoint
-from prepare.common import (AT_LEAST_1, DEVICE_RULE, PrepareError, check_flags, check_outputs,
-                            codec, die, resolve_device, run_main, write_json)
+from prepare.common import (AT_LEAST_1, DEVICE_RULE, KERNEL_RULE, PrepareError, check_flags,
+                            check_kernel, check_outputs, codec, die, resolve_device, run_main,
+                            write_json)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CONFIG_DIR = os.path.join(ROOT, "config", "lm_eval")
@@ -55,7 +56,8 @@ TASKS = {
     "arc_easy": ("ARC-E", "arc_easy", "arc", "acc_norm", False),
 }
 POS_NAMES = {"pope": "PoPE", "rope": "RoPE", "none": "NoPE"}
-FLAGS = {"limit": AT_LEAST_1, "batch_size": AT_LEAST_1, "device": DEVICE_RULE}  # as train.py RULES
+FLAGS = {"limit": AT_LEAST_1, "batch_size": AT_LEAST_1, "device": DEVICE_RULE,
+         "attn_impl": KERNEL_RULE}  # as train.py's RULES
 # what each task reads in --data_dir (config/lm_eval/local_data.py): none there is a wrong path
 LOCAL_FILES = {"lambada": ["lambada_openai.jsonl"], "blimp": ["blimp"],
                "hellaswag": ["hellaswag_val.txt"], "piqa": ["piqa.jsonl"],
@@ -223,6 +225,8 @@ def main(argv=None):
                    help="sequences per forward pass (default 32 on CUDA, 8 on CPU)")
     p.add_argument("--device", default="auto",
                    help="auto (CUDA when available), cpu, cuda or cuda:N")
+    p.add_argument("--attn_impl", choices=["auto", "torch", "triton"],
+                   help="attention code (default: the checkpoint's)")
     p.add_argument("--json", help="write the harness's full results per checkpoint here")
     p.add_argument("--trust_remote_code", action="store_true",
                    help="let a dataset's loading script run (never done without this flag)")
@@ -270,9 +274,11 @@ def main(argv=None):
               "batch_size": batch_size, "models": []}
     for path, (meta, encode) in zip(args.ckpt, checked):
         try:
-            model, _ = load_checkpoint(path, device=device)
+            impl = {"attn_impl": args.attn_impl} if args.attn_impl else {}  # else the checkpoint's
+            model, _ = load_checkpoint(path, device=device, **impl)
         except CheckpointError as e:
             die(str(e))
+        check_kernel(model.config, device, path)
         cfg, n_params = model.config, model.get_num_params()
         label = f"{POS_NAMES.get(cfg.pos_emb, cfg.pos_emb)} {n_params / 1e6:.0f}M"
         label += f" ({path})" if any(r[0] == label for r in rows) else ""

@@ -34,8 +34,8 @@ from tqdm import tqdm
 
 from model import CheckpointError, load_checkpoint
 from prepare.common import (AT_LEAST_1, DEVICE_RULE, KERNEL_RULE, PrepareError, check_flags,
-                            check_outputs, die, load_meta, output_file, read_tokens, resolve_device,
-                            run_main, vocab_key, write_json)
+                            check_kernel, check_outputs, die, load_meta, output_file, read_tokens,
+                            resolve_device, run_main, vocab_key, write_json)
 
 DEFAULT_MAX_TOKENS = 1 << 20  # default cap on the scored tokens per length
 FLAGS = {**dict.fromkeys(("max_tokens", "bucket_size", "batch_tokens", "batch_size"), AT_LEAST_1),
@@ -314,6 +314,7 @@ def main(argv=None):
             model, ckpt = load_checkpoint(path, device, **impl)
         except CheckpointError as e:
             die(str(e))
+        check_kernel(model.config, device, path)
         cfg, base = model.config, os.path.basename(os.path.normpath(path))
         rope = cfg.pos_emb == "rope"
         if args.labels:

@@ -40,8 +40,8 @@ from tqdm import tqdm
 from model import (CheckpointError, load_checkpoint, apply_rope, pope_frequencies, pope_magnitude,
                    rope_cos_sin, yarn_inv_freq)
 from prepare.common import (AT_LEAST_1, DEVICE_RULE, KERNEL_RULE, PrepareError, check_flags,
-                            check_outputs, die, load_meta, output_file, read_tokens, resolve_device,
-                            run_main, vocab_key, write_json)
+                            check_kernel, check_outputs, die, load_meta, output_file, read_tokens,
+                            resolve_device, run_main, vocab_key, write_json)
 
 DEFAULT_TOKENS = 65536  # without --tokens: up to this many, fewer where --data holds fewer
 FLAGS = {"tokens": AT_LEAST_1, "batch_size": AT_LEAST_1, "device": DEVICE_RULE,
@@ -203,6 +203,7 @@ def main(argv=None):
             model, ckpt = load_checkpoint(path, device, **impl)
         except CheckpointError as e:
             die(str(e))
+        check_kernel(model.config, device, path)
         label, meta = args.labels[i], ckpt.get("meta") or {}
         if (key := vocab_key(meta)) not in streams:  # one token stream per tokenizer
             try:

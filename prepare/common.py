@@ -48,6 +48,7 @@ def run_main(main_fn, argv=None):
 
 
 AT_LEAST_1 = (lambda v, c: v >= 1, ">= 1")
+SEED_RULE = (lambda v, c: 0 <= v < 2**63, "in [0, 2**63)")  # torch.manual_seed's range
 
 
 def broken_rules(values, rules, prefix=""):
@@ -94,6 +95,14 @@ DEVICE_RULE = (lambda v, c: v == "auto" or v in devices(), "auto, cpu, or cuda[:
 KERNEL_RULE = (lambda v, c: v != "triton" or resolve_device(c["device"]).startswith("cuda")
                or os.environ.get("TRITON_INTERPRET") == "1",
                "auto or torch off CUDA: the Triton kernels run on GPUs (or TRITON_INTERPRET=1)")
+
+
+def check_kernel(cfg, device, path):
+    """die() where a checkpoint's model (cfg, from path) asks for kernels that cannot run on device
+    (KERNEL_RULE): its attn_impl='triton' off CUDA, unless the eval's --attn_impl overrides it."""
+    bad = broken_rules({"attn_impl": cfg.attn_impl, "device": device}, {"attn_impl": KERNEL_RULE})
+    if bad:
+        die(f"{path}: {bad[0]}; give --attn_impl=torch")
 
 
 def require(module, pip_name, purpose):
@@ -609,6 +618,8 @@ def read_tokens(
         raise PrepareError(f"data file {path} not found")
     if kind == ".bin":
         split = os.path.basename(path)[:-4]
+        if split.endswith("_mask"):
+            raise PrepareError(f"{path} is a split's loss mask, not tokens: give {split[:-5]}.bin")
         data_meta = check_dataset(Path(os.path.abspath(path)).parent, (split,), False)
         if vocab_key(data_meta) and vocab_key(meta) and vocab_key(data_meta) != vocab_key(meta):
             raise PrepareError(f"{path} was tokenized with another vocabulary than "

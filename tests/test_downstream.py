@@ -233,12 +233,18 @@ def test_refusals_come_before_any_work(tiny, tmp_path, monkeypatch):
     """Exit status 2, one line naming the option or file: before any checkpoint is read, a
     --data_dir that does not exist or holds none of the asked tasks' files, --limit or --batch_size
     below 1, a --device this machine lacks; before any task runs, a folder as --json, a checkpoint
-    not of a GPT-2 language model or not a checkpoint at all."""
+    not of a GPT-2 language model or not a checkpoint at all, one trained on the Triton kernel off
+    CUDA (--attn_impl=torch runs it)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "piqa.jsonl").write_text("")  # a file of a task not asked for
     ck = torch.load(tiny[0], weights_only=True)
     torch.save({**ck, "meta": {"itos": list("abc"), "vocab_size": 3}}, tmp_path / "char.pt")
     torch.save(torch.zeros(3), tmp_path / "tensor.pt")
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=64, block_size=T, vocab_size=50304,
+                    attn_impl="triton")
+    torch.save({**ck, "model": GPT(cfg).state_dict(), "model_args": dataclasses.asdict(cfg)},
+               tmp_path / "triton.pt")
     monkeypatch.setattr(ed, "evaluate", lambda *a, **k: pytest.fail("ran the tasks first"))
     with monkeypatch.context() as m:
         m.setattr(ed, "check_checkpoint", lambda path: pytest.fail("read a checkpoint first"))
@@ -248,6 +254,7 @@ def test_refusals_come_before_any_work(tiny, tmp_path, monkeypatch):
             (["--limit", 0], "--limit"),
             (["--batch_size", 0], "--batch_size"),
             (["--device", "cuda:64"], "--device"),
+            (["--attn_impl", "triton"], "--attn_impl"),
         )
         for args, named in cases:
             argv = ["--ckpt", tiny[0], "--device", "cpu", *args]
@@ -256,6 +263,7 @@ def test_refusals_come_before_any_work(tiny, tmp_path, monkeypatch):
         (["--json", tmp_path], "--json"),
         (["--ckpt", tiny[0], tmp_path / "char.pt"], "char"),
         (["--ckpt", tiny[0], tmp_path / "tensor.pt"], "tensor.pt"),
+        (["--ckpt", tmp_path / "triton.pt"], "--attn_impl"),
     )
     for args, named in cases:
         assert named in script_error(ed.main, ["--ckpt", tiny[0], *args, "--device", "cpu"]), args

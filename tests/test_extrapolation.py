@@ -198,6 +198,7 @@ def test_text_reads_as_its_tokens(tmp_path, shared_data, monkeypatch):
     # (check_dataset's other refusals: test_prepare_*)
     ("val.bin", {"dtype": "float32"}, None, "meta.json"),
     ("val.bin", {"tokenizer": "gpt2", "vocab_size": 50257}, None, "val.bin"),
+    ("val_mask.bin", {}, bytes(100), "val.bin"),  # a mask (read as ids before), its split named
     ("val.md", {}, b"ab", "val.md"),
     ("val.txt", {}, b"ab\xff", "val.txt"),
     ("val.txt", {}, b"abd", "val.txt"),

@@ -226,3 +226,7 @@ def test_refusals_name_the_file_or_option(data, tmp_path, monkeypatch, script):
     assert "--device" in script_error(script.main, no_gpu)
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the kernel on the CPU, but not at head dim 8
     assert str(ck) in err(script, ["--ckpt", ck, "--data", data, "--attn_impl", "triton"])
+    monkeypatch.delenv("TRITON_INTERPRET")  # a checkpoint trained on the kernel, on the CPU:
+    tri = save(tiny(0, pos_emb="pope", n_embd=64, attn_impl="triton"), tmp_path / "tri.pt")
+    assert "--attn_impl" in err(script, ["--ckpt", tri, "--data", data, *FEW[script]])
+    main(script, ["--ckpt", tri, "--data", data, *FEW[script], "--attn_impl", "torch"])
