@@ -1,6 +1,6 @@
 """
-train.py's configurator, as nanoGPT's: config files (plain Python assignments) and --key=value
-overrides (Python literals; a bare word is a string) applied in argv's order to the defaults.
+train.py's configurator, as nanoGPT's: config files (Python assignments; they may read the settings)
+in argv's order, then --key=value overrides (Python literals; a bare word is a string).
 """
 
 import ast
@@ -31,7 +31,7 @@ def configure(argv, defaults, doc=""):
         cfg[key] = val
         given.add(key)
 
-    for arg in argv:
+    for arg in sorted(argv, key=lambda a: a.startswith("--")):  # the config files first
         if arg in ("-h", "--help"):
             print(doc)
             print("settings (--key=value) and their defaults:")
@@ -50,17 +50,19 @@ def configure(argv, defaults, doc=""):
         else:  # a config file
             if not os.path.isfile(arg):
                 sys.exit(f"error: config file {arg} not found (configs live in config/)")
-            scope = {}
             with open(arg, "rb") as f:
                 text = utf8(f.read(), arg)
+            scope = dict(cfg)  # one namespace: comprehensions see the settings
             try:
-                exec(compile(text, arg, "exec"), {}, scope)
+                tree = ast.parse(text, arg)
+                exec(compile(tree, arg, "exec"), scope)
             except Exception as e:  # a syntax error, or one the file raises: one line, where it is
                 tb = traceback.extract_tb(e.__traceback__)
                 lines = [t.lineno for t in tb if t.filename == arg]
                 line = lines[-1] if lines else getattr(e, "lineno", "?")
                 sys.exit(f"error: config file {arg}, line {line}: {type(e).__name__}: {e}; fix it")
-            for k, v in scope.items():
-                if not k.startswith("_") and not callable(v) and type(v).__name__ != "module":
-                    set_key(k, v, arg)
+            for node in ast.walk(tree):  # the names it assigns
+                stored = isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
+                if stored and node.id in scope and not node.id.startswith("_"):
+                    set_key(node.id, scope[node.id], arg)
     return cfg, given

@@ -18,9 +18,8 @@ PV dot of depth D. The forward makes its query block Cartesian in registers. The
 FlashAttention-2's: pre-passes (Cartesian queries with rowsum(dO*O), Cartesian keys), then a dk/dv
 and a dq kernel loading them, each mapping its gradient back to dq, dk and ddelta in its epilogue.
 No atomics: ddelta is summed per key block, then by torch in a fixed order: bitwise deterministic.
-One torch.library custom op with an autograd formula serves eager calls and torch.compile; launches
-go through Triton's launcher, GPU configs through triton.autotune. Sections follow Triton's
-fused-attention tutorial; the CPU interpreter's shims come last.
+Sections follow Triton's fused-attention tutorial (kernels, the custom ops with their autograd
+formula, launches, entry points); the CPU interpreter's shims come last.
 """
 
 import contextlib
@@ -43,8 +42,8 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 @triton.jit
 def _softplus(x):
     """mu = softplus(x) = max(x, 0) + log1p(e), e = exp(-|x|) in (0, 1]. log1p: log(u), u = 1 + e
-    rounded, less the rounding's excess (u - 1) - e over u: log(1 + e) alone is off by up to ~65
-    float32 ulps near x = -4.3; for tiny e (very negative x, tiny mu) u is 1 and this gives e."""
+    rounded, less the rounding's excess (u - 1) - e over u (log(1 + e) alone loses e's low bits);
+    for tiny e (very negative x, tiny mu) u is 1 and this gives e."""
     e = tl.exp(-tl.abs(x))
     u = 1.0 + e
     return tl.maximum(x, 0.0) + (tl.log(u) - ((u - 1.0) - e) / u)
@@ -54,8 +53,8 @@ def _softplus(x):
 def _cos_sin(phase):
     """cos and sin of a float32 phase, which reaches T radians; the GPU's fast sin/cos are
     accurate only near [-pi, pi]: reduce by 2*pi in two parts (Cody-Waite), exact for k up to
-    millions, then sin.approx/cos.approx (abs. error ~5e-7). libdevice's sinf/cosf would add a
-    Payne-Hanek path with a local-memory array."""
+    millions, then sin.approx/cos.approx. libdevice's sinf/cosf would add a Payne-Hanek path
+    with a local-memory array."""
     k = tl.floor(phase * 0.15915494309189535 + 0.5)
     r = _fma(k, -6.2831854820251465, phase)
     r = _fma(k, 1.7484556000744883e-07, r)
@@ -734,9 +733,9 @@ def _launch(kernel, tuned, blocks, grid, args, kwargs):
 
 def _grid(pairs, T, block):
     """The attention kernels' grid: (batch, head) pairs on axis 0, blocks of T on axis 1. The GPU
-    starts programs in grid order, axis 0 fastest; each kernel numbers its blocks so the heaviest
-    under the causal mask start first (the forward's and dq's last query blocks, dk/dv's first key
-    blocks) and light ones fill the tail (results/kernel.md, "Heavy-first grids")."""
+    starts programs in grid order, axis 0 fastest; each kernel numbers its blocks heaviest first
+    under the causal mask (the forward's and dq's last query blocks, dk/dv's first key blocks),
+    light ones filling the tail (results/kernel.md, "Heavy-first grids")."""
     return lambda meta: (pairs, triton.cdiv(T, meta[block]))
 
 
@@ -835,8 +834,7 @@ def _bwd(do, q, k, v, delta, theta, out, lse, causal, sm_scale, q_offset):
     if not _AUTOTUNE:
         dkdv_blocks = _BLOCKS["dkdv"][max(D, 64)][0]
     with _on_device(q):
-        # pre-passes make the 2D-long queries (with rowsum(dO*O)) and keys for both kernels:
-        # loaded, not made in registers, they leave fewer registers to spill (results/kernel.md)
+        # pre-passes: the 2D-long queries (with rowsum(dO*O)) and keys both kernels load
         dk = _bthd(k)
         dv = _bthd(v)
         # ddelta partials: a launch writes the first cdiv(Tk, BLOCK_N) rows, blocks outermost: one
@@ -1010,8 +1008,8 @@ def decode_attention(q, k, v, k_cache, v_cache, pos, sm_scale, *, theta=None, de
     caches' device (read there: CUDA-graph safe); past N: nothing written, a NaN output.
     The kernel turns raw q and k at pos: given theta (D,) and delta (H, D) (float32, bounded by
     model.pope_delta), PoPE over a cache of softplus(k); given inv_freq (D/2,), RoPE's rotation.
-    splits, block_n: override decode_launch's; counts: B*H int32 zeros, the chunks' tally, left at
-    zero (model.KVCache keeps one for all layers)."""
+    splits, block_n: override decode_launch's; counts: B*H int32 zeros, the chunks' tally, left
+    at zero (model.KVCache shares one)."""
     B, H, N, Dk = k_cache.shape
     D = v_cache.size(-1)
     ok = q.shape == k.shape == (B, H, 1, Dk) and v.shape == (B, H, 1, D) and pos.numel() == 1
@@ -1116,9 +1114,8 @@ def _cast(x, dtype):
 
 @triton.jit
 def _fma(a, b, c):
-    """The interpreter rounds an fma's product to float32 first (a phase of
-    8000 would lose ~1e-4 rad): there in float64, exact as the GPU's fma is for _cos_sin's
-    operands."""
+    """The interpreter rounds an fma's product to float32 first (a large phase loses its
+    reduction's precision): there in float64, exact as the GPU's fma is for _cos_sin's operands."""
     if _INTERPRETED:
         r = (c.to(tl.float64) + a.to(tl.float64) * b).to(tl.float32)
     else:

@@ -4,11 +4,10 @@ python sample.py --out_dir=out --start="Once upon a time" --num_samples=3
 The prompt (--start, or FILE:path) is in the dataset's format: GPT-2 text, or a prepare/ format's
 token names (python prepare/NAME.py --help); without it, the format's start of a piece. Decoding
 runs on a static KV cache of --context positions (default block_size); a longer prompt keeps its
-last tokens, a longer sample recomputes each token from the last --context. --decode: graph replays
-the one-token step as a CUDA graph, compile compiles it first, eager calls it; auto takes graph on
-CUDA unless the sample is short. --dtype: bf16 weights on CUDA by default; autocast computes as
-train.py does. Samples go to stdout, timings to stderr; --save=PREFIX writes PREFIX_<i>.txt (or
-the dataset's format, e.g. .mid).
+last tokens, a longer sample recomputes each token from the last --context. --decode: graph (the
+one-token step as a CUDA graph), compile (compiled first) or eager. --dtype: bf16 weights on CUDA
+by default; autocast computes as train.py does. Samples go to stdout, timings to stderr;
+--save=PREFIX writes PREFIX_<i>.txt (or the dataset's own, e.g. .mid).
 """
 
 import time  # first: the time to the first token counts from here
@@ -27,6 +26,7 @@ from model import CheckpointError, KVCache, load_checkpoint  # noqa: E402
 from prepare.common import (  # noqa: E402
     AT_LEAST_1,
     DEVICE_RULE,
+    SEED_RULE,
     PrepareError,
     check_flags,
     check_outputs,
@@ -45,6 +45,7 @@ FLAGS = {  # as train.py's RULES
     **dict.fromkeys(("num_samples", "max_new_tokens", "top_k", "context"), AT_LEAST_1),
     "temperature": (lambda v, a: 0 <= v < math.inf, ">= 0 and finite (0: greedy)"),
     "device": DEVICE_RULE,
+    "seed": SEED_RULE,
 }
 
 

@@ -2,8 +2,7 @@
 Train a GPT with PoPE, RoPE or no positional embedding, nanoGPT style:
 python train.py [config/FILE.py] [--key=value ...], or under torchrun for DDP. --help lists every
 setting. Fine-tune: --init_from=path/ckpt.pt; a checkpoint's full-split loss: --init_from=resume
---eval_only=True --eval_full=True (into out_dir/eval.json). Speed: --compile=True; one GPU:
---cuda_graph=True (the step as one CUDA graph).
+--eval_only=True --eval_full=True (into out_dir/eval.json).
 """
 
 import json
@@ -28,6 +27,7 @@ from prepare.common import (
     AT_LEAST_1,
     DEVICE_RULE,
     KERNEL_RULE,
+    SEED_RULE,
     PrepareError,
     broken_rules,
     check_dataset,
@@ -47,7 +47,7 @@ out_dir = "out"
 eval_interval = 1000
 log_interval = 10
 eval_iters = 100  # batches per split for the periodic eval
-eval_only = False  # evaluate and exit (with init_from="resume": a checkpoint)
+eval_only = False  # evaluate and exit (init_from: resume or a path)
 eval_full = False  # the whole split, not eval_iters batches
 eval_splits = "train,val"  # comma-separated
 always_save_checkpoint = True  # else only when val loss improves
@@ -117,7 +117,7 @@ RULES = {  # setting: (rule(value, settings), what it must be); NaN fails all
     "eval_only": (lambda v, c: not v or c["init_from"] != "scratch",
                   "False unless init_from=resume or a path"),
     "warmup_iters": (lambda v, c: v >= 0, ">= 0"),
-    "seed": (lambda v, c: 0 <= v < 2**63, "in [0, 2**63)"),
+    "seed": SEED_RULE,
     "learning_rate": (lambda v, c: 0 < v < math.inf, "> 0 and finite"),
     "min_lr": (lambda v, c: 0 <= v <= c["learning_rate"], "in [0, learning_rate]"),
     "weight_decay": (lambda v, c: 0 <= v < math.inf, ">= 0 and finite"),
@@ -149,7 +149,7 @@ def settings(argv):
     path = os.path.join(cfg["out_dir"], "ckpt.pt")
     master = os.environ.get("RANK", "0") == "0"
     hint = "wait for it to end, or pick another --out_dir"
-    if master:  # a folder no run can write into (read-only, full, a file): one line, first
+    if master:  # a folder no run can write into (read-only, a file): one line, first
         check_outputs(out_dir=path)
     ckpt = None
     if cfg["init_from"] != "scratch":
@@ -454,6 +454,8 @@ def main(argv):
     optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
     if resume:
         optimizer.load_state_dict(ckpt["optimizer"])
+        if ckpt.get("scaler"):  # float16's loss scale (empty when off)
+            scaler.load_state_dict(ckpt["scaler"])
     ckpt = None  # (free memory)
     raw_model = model
     if compile:
@@ -511,6 +513,7 @@ def main(argv):
                 state = {
                     "model": raw_model.state_dict(),
                     "optimizer": optimizer.state_dict(),
+                    "scaler": scaler.state_dict(),
                     "config": cfg,
                     "model_args": margs,
                     "iter_num": iter_num,

@@ -53,7 +53,7 @@ def test_a_maestro_csv_that_is_not_utf8(tmp_path):
 
 CONFIGS = {"not UTF-8": b"batch_size = 8  # \xe9\n", "a syntax error": b"n_layer = (\n",
            "an exception": b"batch_size = 8\nn_layer = 1 / 0\n",
-           "an unknown name": b"n_layer = n_head\n"}
+           "an unknown name": b"n_layer = n_heads\n"}  # (n_head, a setting, it may read)
 
 
 @pytest.mark.parametrize("case", CONFIGS)

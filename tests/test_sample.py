@@ -16,9 +16,10 @@ ITOS = list("\nabcdefghijklmnopqrstuvwxyz")
 CPU = ["--device=cpu", "--max_new_tokens=3"]
 
 
-def save(path, vocab_size, meta):
+def save(path, vocab_size, meta, pos_emb="pope"):
     torch.manual_seed(0)
-    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=vocab_size)
+    cfg = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=vocab_size,
+                    pos_emb=pos_emb)
     torch.save({"model": GPT(cfg).state_dict(), "model_args": dataclasses.asdict(cfg),
                 "config": {}, "meta": meta}, path)
     return path
@@ -33,7 +34,8 @@ def refused(ck, args, named):
 
 
 @pytest.mark.parametrize("flag", ["--context=0", "--context=-5", "--num_samples=0", "--top_k=-1",
-                                  "--temperature=nan", "--device=cuda:64", "--device=tpu"])
+                                  "--temperature=nan", "--device=cuda:64", "--device=tpu",
+                                  "--seed=-1", f"--seed={2**63}"])
 def test_a_flag_out_of_range_is_refused(tmp_path, flag):
     ck = save(tmp_path / "m.pt", len(ITOS), {"vocab_size": len(ITOS), "itos": ITOS})
     refused(ck, [flag], flag.split("=")[0])

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from helpers import run_here, write_rows
 
 import train
+from configurator import configure
 from model import GPT, GPTConfig
 
 TRAIN = train.__file__
@@ -192,6 +193,22 @@ def test_train_step_against_float64_formulas(data_root):
 
 
 # -----------------------------------------------------------------------------
+def test_a_float16_resume_keeps_the_loss_scale(data_root, tmp_path):
+    """float16's GradScaler state is in the checkpoint and a resume goes on from it: a scale the
+    checkpoint holds (as after overflows) is the resumed run's, not a fresh one."""
+    common = [TRAIN, f"--data_dir={data_root}", "--dataset=toy", "--eval_interval=2",
+              "--dtype=float16", "--lr_decay_iters=4"] + TINY
+    run_here(common + ["--max_iters=2", "--out_dir=o"], tmp_path)
+    path = tmp_path / "o" / "ckpt.pt"
+    ck = torch.load(path, weights_only=True)
+    assert ck["iter_num"] == 2 and ck["scaler"]["scale"] > 1.0
+    ck["scaler"]["scale"] = 1024.0  # fewer than the 2,000 clean steps that would double it
+    torch.save(ck, path)
+    run_here(common + ["--max_iters=4", "--out_dir=o", "--init_from=resume"], tmp_path)
+    ck = torch.load(path, weights_only=True)
+    assert ck["iter_num"] == 4 and ck["scaler"]["scale"] == 1024.0
+
+
 # refusals and faults
 
 def args(data_root, *extra):
@@ -255,6 +272,19 @@ def test_refusals(data_root, tmp_path, family):
     p = run_here(args(data_root, "--out_dir=o", "--max_iters=2", *settings), tmp_path, check=False)
     refused(p, name)
     assert empty(tmp_path / "o")
+
+
+def test_config_files_read_settings_and_a_flag_wins_wherever_typed(tmp_path):
+    """A config file may read a setting (as nanoGPT's do: warmup from max_iters, a comprehension
+    over n_layer); a --key=value typed before the file still wins over the file's value."""
+    (tmp_path / "c.py").write_text("n_layer = 4\nwarmup_iters = max_iters // 10\n"
+                                   "_sizes = [n_layer * i for i in range(3)]\n"
+                                   "lr_decay_iters = _sizes[-1]\nmax_iters = 7\n")
+    cfg, given = configure(["--max_iters=50", str(tmp_path / "c.py"), "--n_layer=6"],
+                           train.DEFAULTS)
+    assert (cfg["max_iters"], cfg["n_layer"], cfg["lr_decay_iters"]) == (50, 6, 8)
+    assert cfg["warmup_iters"] == train.DEFAULTS["max_iters"] // 10
+    assert given == {"max_iters", "n_layer", "warmup_iters", "lr_decay_iters"}
 
 
 BAD_SETTINGS = [  # (setting=value that its RULES row or GPTConfig refuses, other settings it needs)
