@@ -323,7 +323,7 @@ def main(argv=None):
             "dropped_bases": dropped,
             "split_stats": stats,
             "tokens": counts,
-            "source": URL,
+            "source": common.repo_path(args.input) if args.input else URL,
             "input": [p.name for p in input_files(src)],
         }
         common.write_meta(stage, meta)

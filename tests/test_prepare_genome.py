@@ -88,6 +88,7 @@ def test_regions_held_out_chromosomes_and_decode_match_the_reference(tmp_path, r
                                {"name": "3", "length": 10_007, "acgt": 10_006}]
     assert meta["dropped_bases"] == 431 + 3_908 + 1
     assert meta["vocab_size"] == 4107 and meta["format"] == "genome" and meta["itos"] == genome.ITOS
+    assert meta["source"] == str(tmp_path / "s.fa.gz")  # the input given, not hg38's URL
     assert meta["tokens"] == counts and common.check_dataset(tmp_path / "o", common.SPLITS) == meta
     write_fasta(tmp_path / "s.fa", records)  # plain FASTA, held-out chromosomes
     counts = genome.main(["--input", str(tmp_path / "s.fa"), "--out_dir", str(tmp_path / "o"),
