@@ -500,9 +500,9 @@ def _pope_bwd_dq(
 # Decoding kernel: one query per (batch, head) on a static KV cache (model.KVCache's one-token
 # step), softmax over ready keys (any power-of-two width) or PoPE's magnitudes mu_k alone (D numbers
 # a key, as RoPE's; the kernel makes each slot's phase: results/kernel.md, "Decoding"). Split as in
-# flash-decoding: a pair's keys 0..pos in `splits` chunks, one program each, writing a partial
-# (max, sum, accumulator); the pair's last program to finish (an atomic count tells) merges them:
-# one launch a layer. pos is read on the device: a CUDA graph replays the step at every position.
+# flash-decoding, a pair's keys 0..pos in `splits` chunks merged by the last to finish
+# (_decode_split_kernel): one launch a layer. pos is read on the device: a CUDA graph replays the
+# step at every position.
 # The program holding slot pos writes the new key and value there, attending to them from
 # registers (no other program reads it).
 

@@ -436,9 +436,9 @@ def main(argv):
                  f"{dataset} {model_config.vocab_size}: use data with that vocabulary")
     iter_num = 0
     best_val_loss = 1e9
-    if resume:
-        iter_num = ckpt["iter_num"]
-        best_val_loss = ckpt["best_val_loss"]
+    if resume or eval_only:  # (eval.json's iter: the checkpoint's)
+        iter_num = ckpt.get("iter_num", 0)
+        best_val_loss = ckpt.get("best_val_loss", 1e9)
     torch.manual_seed(seed)
     model = GPT(model_config)
     if ckpt is not None:

@@ -568,6 +568,11 @@ def test_full_eval_scores_every_target_once(data_root, tmp_path):
     want = torch.cat(nll)
     assert got["tokens"] == n == len(want)
     assert got["loss"] == pytest.approx(float(want.mean()), abs=1e-5)
+    # the same checkpoint from its path into another folder: the same numbers, its iteration
+    run_here(args(data_root, f"--init_from={tmp_path / 'o' / 'ckpt.pt'}", "--out_dir=p",
+                  "--eval_only=True", "--eval_full=True", "--eval_splits=val"), tmp_path)
+    other = json.loads((tmp_path / "p" / "eval.json").read_text())
+    assert other["iter"] == ck["iter_num"] == 2 and other["val"] == got
 
 
 def test_the_kernel_at_a_head_dim_it_lacks_is_refused_before_anything_is_written(data_root,
