@@ -211,9 +211,9 @@ class Data:
         self.dtype = np.dtype(self.meta["dtype"])
         self.row_len = self.meta.get("row_len")
         self.T = self.row_len - 1 if self.row_len else block_size
-        if self.T > block_size:
+        if self.T != block_size:
             raise PrepareError(f"{path} holds rows of {self.row_len} tokens: "
-                               f"block_size must be >= {self.T}")
+                               f"block_size must be {self.T}")
         names = [f for s in sorted(set(splits)) for f in (f"{s}.bin", f"{s}_mask.bin")]
         self.files = {f: open(f"{path}/{f}", "rb") for f in names if os.path.exists(f"{path}/{f}")}
         # the files' sizes and times (checkpoints keep them): what a rewrite changes

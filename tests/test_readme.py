@@ -22,7 +22,7 @@ CUDA = torch.cuda.is_available()
 SKIPPED = (("-m", "pip"), ("-m", "pytest"))  # the install, and this suite
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=64"]  # head dim 32, which the kernels take
 # (--always_save_checkpoint: 2 steps may not beat step 0's val loss, the quick config's rule)
-SHORT = ["--block_size=64", "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=2",
+SHORT = ["--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=2",
          "--lr_decay_iters=2", "--warmup_iters=1", "--eval_interval=2", "--eval_iters=1",
          "--log_interval=1", "--always_save_checkpoint=True"]
 SHRINK = {  # script: what is appended (train.py's depend on the command: see shrink())
@@ -70,9 +70,12 @@ def shrink(argv):
     cpu = [] if CUDA else ["--compile=False"]
     if "--init_from=resume" in argv:
         return cpu
+    short = SHORT + cpu
+    if int(setting(argv, "block_size", 1024)) > 64:  # (a row dataset's config sets its rows')
+        short = ["--block_size=64"] + short
     if setting(argv, "init_from", "scratch") != "scratch":
-        return SHORT + cpu
-    return TINY + SHORT + cpu
+        return short
+    return TINY + short
 
 
 def missing(argv, cwd, out):

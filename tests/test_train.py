@@ -81,7 +81,8 @@ def test_rows_loss_mask_and_full_eval(data_root, tmp_path):
     neither)."""
     # (later keys override TINY's)
     run_here([TRAIN, f"--data_dir={data_root}", "--dataset=rows", "--out_dir=o"] + TINY + [
-        "--max_iters=150", "--eval_interval=150", "--eval_iters=4", "--batch_size=32",
+        "--block_size=11", "--max_iters=150", "--eval_interval=150", "--eval_iters=4",
+        "--batch_size=32",
         "--gradient_accumulation_steps=1", "--lr_decay_iters=150"], tmp_path)
     ev = [r["eval"] for r in records(tmp_path / "o", "eval")]  # one scored token per row:
     assert (ev[0]["val"]["tokens"] == 4 * 32 and ev[-1]["val"]["acc"] > 0.9
@@ -97,11 +98,11 @@ def test_rows_loss_mask_and_full_eval(data_root, tmp_path):
 def test_train_mask_false_trains_on_every_token(data_root, tmp_path):
     """The logged iteration-0 loss, with train_mask True and False, against a float64 cross-entropy
     of the same initial model on the same batch; the eval scores the masked targets either way."""
-    data, rng = train.Data(str(data_root / "rows"), 32, ["train", "val"]), np.random.default_rng(7)
+    data, rng = train.Data(str(data_root / "rows"), 11, ["train", "val"]), np.random.default_rng(7)
     while True:  # a seed whose batch tells the two losses apart
         seed = int(rng.integers(1 << 30))
         torch.manual_seed(seed)
-        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32,
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=11,
                               vocab_size=20)).double().eval()
         x, y, m = data.get_batch("train", data.starts("train", 4, train.make_gen(seed, 0, 0)),
                                  "cpu")
@@ -113,7 +114,7 @@ def test_train_mask_false_trains_on_every_token(data_root, tmp_path):
         if abs(want[True] - want[False]) > 1e-3:
             break
     assert m.sum() == 4, seed
-    args = [TRAIN, f"--data_dir={data_root}", "--dataset=rows"] + TINY + [
+    args = [TRAIN, f"--data_dir={data_root}", "--dataset=rows"] + TINY + ["--block_size=11",
         "--max_iters=1", "--eval_interval=1", "--gradient_accumulation_steps=1", f"--seed={seed}"]
     for flag in (True, False):
         run_here(args + [f"--out_dir=o{flag}", f"--train_mask={flag}"], tmp_path)
@@ -258,6 +259,7 @@ REFUSALS = {  # family: (settings, a name the one line must hold)
                                           "indirect_indexing.py"),
     # (toy's val: 3,000 tokens)
     "a split shorter than block_size + 1": (["--block_size=3000"], "val.bin"),
+    "rows of 12 at another block_size (TINY's 32)": (["--dataset=rows"], "block_size"),
     "a split the dataset has none of": (["--dataset=rows", "--eval_splits=val,test"],
                                         "eval_splits"),
     "no such checkpoint": (["--init_from=nothing.pt"], "nothing.pt"),
@@ -432,20 +434,20 @@ def test_a_second_run_on_a_live_out_dir_is_refused(data_root, tmp_path):
 
 
 def test_data_swapped_under_a_run_and_before_a_resume(data_root, tmp_path):
-    """A prepare run swaps new data (rows of 23 tokens) into the folder a run trains on: the run
+    """A prepare run swaps new data (fewer rows) into the folder a run trains on: the run
     goes on with its data (its losses equal those of a run on an untouched copy, bitwise); a resume
     on the new data is refused, naming the files, unless --data_changed_ok=True, which holds for
     that resume only."""
     from prepare.common import staged_dataset
     for d in ("data", "ref"):
         shutil.copytree(data_root / "rows", tmp_path / d / "rows")
-    common = [TRAIN, "--dataset=rows", "--eval_interval=5", "--seed=5"] + TINY
+    common = [TRAIN, "--dataset=rows", "--eval_interval=5", "--seed=5"] + TINY + ["--block_size=11"]
     live = start(common + [f"--data_dir={tmp_path / 'data'}", "--out_dir=live",
                            "--max_iters=1000000"], tmp_path)
     try:
         wait_until(lambda: logged_iter(tmp_path / "live") >= 3, live)
         with staged_dataset(tmp_path / "data" / "rows") as stage:  # what prepare/*.py does
-            write_rows(stage, 23, seed=2, prepare="regenerated")
+            write_rows(stage, 12, seed=2, n=(1500, 200), prepare="regenerated")
         swapped_at = logged_iter(tmp_path / "live")
         wait_until(lambda: logged_iter(tmp_path / "live") >= swapped_at + 8, live)
     finally:
@@ -464,9 +466,10 @@ def test_data_swapped_under_a_run_and_before_a_resume(data_root, tmp_path):
     assert (tmp_path / "live" / "ckpt.pt").read_bytes() == before
     run_here(resume + [f"--max_iters={ck['iter_num'] + 2}", "--data_changed_ok=True"], tmp_path)
     ck = torch.load(tmp_path / "live" / "ckpt.pt", weights_only=True)
-    assert ck["data"]["bytes"]["train.bin"] == 2000 * 23 * 2 and ck["meta"]["row_len"] == 23
+    assert (ck["data"]["bytes"]["train.bin"] == 1500 * 12 * 2
+            and ck["meta"]["prepare"] == "regenerated")
     with staged_dataset(tmp_path / "data" / "rows") as stage:
-        write_rows(stage, 23, seed=3, prepare="regenerated with another seed")
+        write_rows(stage, 12, seed=3, n=(1500, 200), prepare="regenerated with another seed")
     refused(run_here(resume + [f"--max_iters={ck['iter_num'] + 2}"], tmp_path, check=False),
             "meta.json")
 
