@@ -1,6 +1,7 @@
 """RESULTS.md, README.md's results list and results/*/README.md are what results/summarize.py makes
 from the committed raw files; their hand-written prose carries no numbers; every file under results/
 is read by summarize.py or named in a README; an edit of a sentence or of a raw value is caught."""
+import dataclasses
 import importlib.util
 import itertools
 import json
@@ -11,7 +12,13 @@ import statistics
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+
+import eval_extrapolation
+import eval_frequencies
+from model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -244,6 +251,45 @@ def test_the_code_corpus_joins_section_9_when_its_runs_are_in(tmp_path):
     assert f"| code/seed1337-rope | {16 / 160:.3f} |" in readme
     assert "| `code/env.txt` | abc1234 | no |" in readme
     assert s.NOT_RUN not in text + readme
+    assert unaccounted(tree / "results") == []
+
+
+def test_section_9_reads_what_the_evals_write(tmp_path):
+    """results/code/ as results/code.sh's evals write it (eval_extrapolation.py --yarn with its
+    labels, eval_frequencies.py with its folder labels, on two tiny checkpoints): §9's table holds
+    the JSON's perplexities, both claims are made, every file is read or named."""
+    tree = copy_tree(tmp_path)
+    code = tree / "results" / "code"
+    meta = {"vocab_size": 16, "dtype": "uint16", "itos": list("abcdefghijklmnop")}
+    (tmp_path / "d").mkdir()
+    ids = np.random.default_rng(0).integers(0, 16, 2000).astype(np.uint16)
+    ids.tofile(tmp_path / "d" / "test.bin")
+    (tmp_path / "d" / "meta.json").write_text(json.dumps(meta))
+    ckpts = []
+    for pe in ("pope", "rope"):
+        torch.manual_seed(0)
+        cfg = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=16, pos_emb=pe)
+        (code / f"seed1337-{pe}").mkdir()
+        ckpts.append(str(code / f"seed1337-{pe}" / "ckpt.pt"))
+        torch.save({"model": GPT(cfg).state_dict(), "model_args": dataclasses.asdict(cfg),
+                    "config": {}, "meta": meta}, ckpts[-1])
+    common = ["--data", str(tmp_path / "d" / "test.bin"), "--ckpt", *ckpts, "--no_progress",
+              "--device", "cpu"]
+    labels = ["--labels", "PoPE-s1337,RoPE-s1337"]  # results/code.sh's
+    eval_extrapolation.main(common + ["--yarn", "--max_tokens", "1600", *labels, "--json",
+                                      str(code / "extrapolation.json")])
+    eval_frequencies.main(common + ["--json", str(code / "frequencies.json")])
+    for run in ("seed1337-pope", "seed1337-rope"):
+        shutil.rmtree(code / run)  # (the checkpoints stay on the GPU machine)
+    s = summarize(tree / "results")
+    got = json.loads((code / "extrapolation.json").read_text())["models"]
+    text = s.fill((tree / "RESULTS.md").read_text())
+    for group in ("PoPE", "RoPE", "RoPE+YaRN"):
+        label = group.replace("+", "-s1337+") if "+" in group else f"{group}-s1337"
+        cells = [f"{got[label]['results'][str(L)]['ppl']:.1f}" for L in range(16, 161, 16)]
+        assert f"| {group} | 1 | " + " | ".join(cells) + " |" in text
+    assert [c[3] for c in s.claims() if c[4] == "§9"] == ["too few seeds for a test"] * 2
+    assert "| code/seed1337-rope |" in s.fill((code / "README.md").read_text())
     assert unaccounted(tree / "results") == []
 
 
