@@ -233,14 +233,17 @@ def test_refusals_come_before_any_work(tiny, tmp_path, monkeypatch):
     """Exit status 2, one line naming the option or file: before any checkpoint is read, a
     --data_dir that does not exist or holds none of the asked tasks' files, --limit or --batch_size
     below 1, a --device this machine lacks; before any task runs, a folder as --json, a checkpoint
-    not of a GPT-2 language model or not a checkpoint at all, one trained on the Triton kernel off
-    CUDA (--attn_impl=torch runs it)."""
+    not of a GPT-2 language model or not a checkpoint at all, one whose model has fewer ids than
+    its meta's tokenizer, one trained on the Triton kernel off CUDA (--attn_impl=torch runs it)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "piqa.jsonl").write_text("")  # a file of a task not asked for
     ck = torch.load(tiny[0], weights_only=True)
     torch.save({**ck, "meta": {"itos": list("abc"), "vocab_size": 3}}, tmp_path / "char.pt")
     torch.save(torch.zeros(3), tmp_path / "tensor.pt")
+    small = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=T, vocab_size=1000)
+    torch.save({**ck, "model": GPT(small).state_dict(), "model_args": dataclasses.asdict(small)},
+               tmp_path / "small.pt")  # a model smaller than its meta's GPT-2 ids
     cfg = GPTConfig(n_layer=1, n_head=2, n_embd=64, block_size=T, vocab_size=50304,
                     attn_impl="triton")
     torch.save({**ck, "model": GPT(cfg).state_dict(), "model_args": dataclasses.asdict(cfg)},
@@ -264,6 +267,7 @@ def test_refusals_come_before_any_work(tiny, tmp_path, monkeypatch):
         (["--ckpt", tiny[0], tmp_path / "char.pt"], "char"),
         (["--ckpt", tiny[0], tmp_path / "tensor.pt"], "tensor.pt"),
         (["--ckpt", tmp_path / "triton.pt"], "--attn_impl"),
+        (["--ckpt", tiny[0], tmp_path / "small.pt"], "small.pt"),
     )
     for args, named in cases:
         assert named in script_error(ed.main, ["--ckpt", tiny[0], *args, "--device", "cpu"]), args
