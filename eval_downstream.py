@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from model import CheckpointError, load_checkpoint, read_checkpoint
 from prepare.common import (AT_LEAST_1, DEVICE_RULE, KERNEL_RULE, PrepareError, check_flags,
-                            check_kernel, check_outputs, codec, die, model_vocab, resolve_device,
+                            check_kernel, check_outputs, check_vocab, codec, die, resolve_device,
                             run_main, write_json)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -141,10 +141,7 @@ def check_checkpoint(path):
         die(f"eval_downstream.py needs a GPT-2-tokenized language model; {path} was trained on "
             f"{(ckpt.get('config') or {}).get('dataset', 'a dataset')} "
             f"(vocab {meta.get('vocab_size', '?')})")
-    V = (ckpt.get("model_args") or {}).get("vocab_size")
-    if V is not None and V != model_vocab(meta):  # (GPT-2 ids past V: an index error mid-task)
-        die(f"{path}: its model has vocab_size {V}, its meta's tokenizer {model_vocab(meta)}: "
-            "save it with the meta.json of the data it was trained on")
+    check_vocab(meta, ckpt["model_args"].get("vocab_size"), path)
     try:
         return meta, codec(meta)[0]  # loads tiktoken's gpt2 files now
     except PrepareError as e:

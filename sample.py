@@ -30,10 +30,10 @@ from prepare.common import (  # noqa: E402
     PrepareError,
     check_flags,
     check_outputs,
+    check_vocab,
     codec,
     die,
     format_module,
-    model_vocab,
     physical_memory,
     resolve_device,
     save_sample,
@@ -109,10 +109,7 @@ def main(argv=None):
     except (CheckpointError, PrepareError, ValueError) as e:
         die(e)
     cfg = model.config
-    V = cfg.vocab_size
-    if "vocab_size" in meta and model_vocab(meta) != V:  # (sampling would draw wrong ids silently)
-        die(f"{ckpt_path}: its model has vocab_size {V}, its meta's tokenizer {model_vocab(meta)}: "
-            "save it with the meta.json of the data it was trained on")
+    check_vocab(meta, cfg.vocab_size, ckpt_path)
     if fmt is not None:  # the dataset's own token names, e.g. "<s> C5 G4 E4 C3" for JSB
         enc = getattr(fmt, "encode_prompt", None) or getattr(fmt, "encode", None)
         if enc:

@@ -185,6 +185,14 @@ def model_vocab(meta):
     return (V + 63) // 64 * 64 if meta.get("tokenizer") == "gpt2" else V
 
 
+def check_vocab(meta, vocab_size, path):
+    """die() where a checkpoint's model (vocab_size) and its meta's tokenizer (model_vocab)
+    disagree: sampling would draw, and scoring index, the wrong ids."""
+    if "vocab_size" in meta and vocab_size is not None and model_vocab(meta) != vocab_size:
+        die(f"{path}: its model has vocab_size {vocab_size}, its meta's tokenizer "
+            f"{model_vocab(meta)}: save it with the meta.json of the data it was trained on")
+
+
 def format_module(meta):
     """The prepare/ module meta.json's "format" names (decode, encode, save_sample), or None."""
     if not meta.get("format"):
